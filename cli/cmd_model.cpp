@@ -1,0 +1,173 @@
+// `scr models`, `scr info`, `scr logits`, `scr complete --ids`: the specialization itself, with
+// no engine in between. `logits` and `complete --ids ... --json` are test interfaces that outside
+// checks rely on; keep their output exactly.
+#include <fmt/format.h>
+
+#include <charconv>
+#include <cstdio>
+#include <random>
+
+#include "cli/command.hpp"
+#include "runtime/core/error.hpp"
+#include "runtime/model/loader.hpp"
+#include "runtime/model/sequence_runner.hpp"
+
+namespace scr::cli {
+namespace {
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+    std::vector<int32_t> ids;
+    size_t pos = 0;
+    while (pos <= text.size()) {
+        size_t comma = text.find(',', pos);
+        if (comma == std::string::npos) comma = text.size();
+        std::string item = text.substr(pos, comma - pos);
+        while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+        while (!item.empty() && item.back() == ' ') item.pop_back();
+        int32_t v = 0;
+        auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+        if (item.empty() || ec != std::errc() || end != item.data() + item.size() || v < 0)
+            fail("--ids: \"{}\" is not a non-negative integer token id", item);
+        ids.push_back(v);
+        pos = comma + 1;
+    }
+    if (ids.empty()) fail("--ids: no token ids given");
+    return ids;
+}
+
+void check_vocab(const std::vector<int32_t>& ids, const ModelInfo& info) {
+    for (auto id : ids)
+        if (id >= info.vocab_size) fail("token id {} is outside the vocabulary of {} ({} ids)", id, info.stem, info.vocab_size);
+}
+
+void print_floats(std::string& out, std::span<const float> v) {
+    out += '[';
+    for (size_t i = 0; i < v.size(); ++i) {
+        if (i) out += ", ";
+        out += fmt::format("{:.9g}", v[i]);
+    }
+    out += ']';
+}
+
+struct ModelArgs {
+    std::string model;
+    std::string quant;
+    int threads = 0;
+    void add(CLI::App* c, bool required = true) {
+        auto* o = c->add_option("model", model, "model folder or Hugging Face id (in the local HF cache)");
+        if (required) o->required();
+        c->add_option("--quant", quant, "quant preset of the specialization to use (when several are compiled in)");
+        c->add_option("--threads", threads, "CPU threads (default: all cores)");
+    }
+    LoadedModel load(bool text = false) const {
+        LoadOptions o;
+        o.quant = quant;
+        o.threads = threads;
+        o.load_text = text;
+        return load_model(model, o);
+    }
+};
+
+void setup(CLI::App& app) {
+    app.add_subcommand("models", "list the specializations compiled into this binary")->callback([] {
+        fmt::print("{}", describe_compiled_models());
+    });
+
+    {
+        auto* c = app.add_subcommand("info", "print the compiled plan for a model: constants, ops, weight/KV/scratch bytes");
+        auto args = std::make_shared<ModelArgs>();
+        args->add(c, false);
+        c->callback([args] {
+            auto lm = args->load();
+            const ModelInfo& m = *lm.entry->info;
+            fmt::print("{}", m.plan_text);
+            fmt::print("loaded from {}: {} bytes mapped with no copy, {} bytes converted at load, {:.3f} s\n",
+                       lm.dir.string(), lm.weights->mapped_bytes(), lm.weights->converted_bytes(), lm.load_seconds);
+        });
+    }
+
+    {
+        auto* c = app.add_subcommand("logits", "print {\"logits\": [...]} for the last position of --ids (all positions with --all)");
+        auto args = std::make_shared<ModelArgs>();
+        auto ids = std::make_shared<std::string>();
+        auto all = std::make_shared<bool>(false);
+        args->add(c);
+        c->add_option("--ids", *ids, "comma-separated token ids")->required();
+        c->add_flag("--all", *all, "one list of logits per position");
+        c->callback([args, ids, all] {
+            auto lm = args->load();
+            auto tokens = parse_ids(*ids);
+            check_vocab(tokens, *lm.entry->info);
+            SequenceRunner run(*lm.model, int(tokens.size()));
+            auto logits = run.feed(tokens, *all);
+            const size_t vocab = size_t(lm.entry->info->vocab_size);
+            std::string out = "{\"logits\": ";
+            if (*all) {
+                out += '[';
+                for (size_t t = 0; t < tokens.size(); ++t) {
+                    if (t) out += ", ";
+                    print_floats(out, std::span<const float>(logits).subspan(t * vocab, vocab));
+                }
+                out += ']';
+            } else {
+                print_floats(out, logits);
+            }
+            out += "}\n";
+            std::fwrite(out.data(), 1, out.size(), stdout);
+        });
+    }
+
+    {
+        auto* c = app.add_subcommand("complete", "continue --ids by --max-tokens tokens (greedy unless --temperature > 0)");
+        auto args = std::make_shared<ModelArgs>();
+        auto ids = std::make_shared<std::string>();
+        auto max_tokens = std::make_shared<int>(16);
+        auto temperature = std::make_shared<float>(0.0f);
+        auto seed = std::make_shared<uint64_t>(0);
+        auto json = std::make_shared<bool>(false);
+        args->add(c);
+        c->add_option("--ids", *ids, "comma-separated prompt token ids")->required();
+        c->add_option("--max-tokens", *max_tokens, "tokens to generate")->check(CLI::Range(1, 1 << 20));
+        c->add_option("--temperature", *temperature, "sampling temperature (0: greedy)")->check(CLI::Range(0.0, 100.0));
+        c->add_option("--seed", *seed, "sampling seed");
+        c->add_flag("--json", *json, "print {\"ids\": [...]}");
+        c->callback([=] {
+            auto lm = args->load();
+            auto tokens = parse_ids(*ids);
+            const ModelInfo& info = *lm.entry->info;
+            check_vocab(tokens, info);
+            const int total = int(tokens.size()) + *max_tokens;
+            if (total > info.max_position_embeddings)
+                fail("prompt of {} tokens + {} new tokens is longer than the context of {} ({} tokens)", tokens.size(),
+                     *max_tokens, info.stem, info.max_position_embeddings);
+            SequenceRunner run(*lm.model, total);
+            std::mt19937_64 rng(*seed);
+            std::vector<int32_t> out;
+            auto logits = run.feed(tokens);
+            for (int i = 0; i < *max_tokens; ++i) {
+                int32_t next;
+                if (*temperature <= 0) {
+                    next = argmax(logits);
+                } else {
+                    float mx = logits[size_t(argmax(logits))];
+                    std::vector<double> p(logits.size());
+                    for (size_t j = 0; j < p.size(); ++j) p[j] = std::exp(double(logits[j] - mx) / *temperature);
+                    std::discrete_distribution<int32_t> d(p.begin(), p.end());
+                    next = d(rng);
+                }
+                out.push_back(next);
+                if (i + 1 < *max_tokens) logits = run.feed(std::span<const int32_t>(&next, 1));
+            }
+            if (*json) {
+                fmt::print("{{\"ids\": [{}]}}\n", fmt::join(out, ", "));
+            } else {
+                fmt::print("{}\n", fmt::join(out, ","));
+            }
+        });
+    }
+}
+
+CommandRegistrar reg(&setup);
+
+}  // namespace
+}  // namespace scr::cli

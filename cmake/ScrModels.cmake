@@ -1,0 +1,79 @@
+# Resolves SCR_MODELS x SCR_QUANT into specializations and runs scrc on each at build time.
+#
+# SCR_MODELS entries: a config stem (llama-3.2-1b), an architecture folder name (llama: all its
+# configs), a glob over stems (tiny-*), `all`, or a path to any config.json.
+
+function(scr_resolve_models out_configs)
+  set(root ${PROJECT_SOURCE_DIR}/models/configs)
+  set(found "")
+  foreach(item IN LISTS SCR_MODELS)
+    set(matches "")
+    if(item STREQUAL "all")
+      file(GLOB_RECURSE matches ${root}/*.json)
+    elseif(EXISTS "${item}" AND NOT IS_DIRECTORY "${item}")
+      get_filename_component(abs "${item}" ABSOLUTE)
+      set(matches ${abs})
+    elseif(IS_DIRECTORY ${root}/${item})
+      file(GLOB matches ${root}/${item}/*.json)
+    else()
+      file(GLOB matches ${root}/*/${item}.json)
+    endif()
+    if(NOT matches)
+      file(GLOB_RECURSE known RELATIVE ${root} ${root}/*.json)
+      list(TRANSFORM known REPLACE "^.*/([^/]+)\\.json$" "\\1")
+      list(JOIN known ", " known_text)
+      message(FATAL_ERROR "SCR_MODELS: '${item}' names no config. Give a stem, an architecture folder of "
+                          "models/configs, a glob, 'all', or a path to a config.json. Known stems: ${known_text}")
+    endif()
+    list(APPEND found ${matches})
+  endforeach()
+  list(REMOVE_DUPLICATES found)
+  list(SORT found)
+  set(${out_configs} ${found} PARENT_SCOPE)
+endfunction()
+
+function(scr_generate_models target_name)
+  scr_resolve_models(configs)
+  set(gen_dir ${PROJECT_BINARY_DIR}/gen)
+  file(GLOB arch_files ${PROJECT_SOURCE_DIR}/models/arch/*.scr)
+  set(sources "")
+  set(symbols "")
+  set(summary "")
+  foreach(quant IN LISTS SCR_QUANT)
+    set(preset ${PROJECT_SOURCE_DIR}/models/quant/${quant}.json)
+    if(NOT EXISTS ${preset})
+      file(GLOB presets RELATIVE ${PROJECT_SOURCE_DIR}/models/quant ${PROJECT_SOURCE_DIR}/models/quant/*.json)
+      message(FATAL_ERROR "SCR_QUANT: no preset models/quant/${quant}.json (presets: ${presets})")
+    endif()
+    foreach(config IN LISTS configs)
+      get_filename_component(stem ${config} NAME_WE)
+      set(sym "m_${stem}__${quant}__${SCR_TARGET}")
+      string(REGEX REPLACE "[^A-Za-z0-9_]" "_" sym "${sym}")
+      set(out ${gen_dir}/${sym}.cpp)
+      add_custom_command(
+        OUTPUT ${out}
+        COMMAND scrc gen --arch-dir ${PROJECT_SOURCE_DIR}/models/arch --config ${config} --quant ${preset}
+                --target ${SCR_TARGET} --stem ${stem} --block-size ${SCR_BLOCK_SIZE}
+                --max-batch-tokens ${SCR_MAX_BATCH_TOKENS} --max-logit-rows ${SCR_MAX_LOGIT_ROWS} --out ${out}
+        DEPENDS scrc ${config} ${preset} ${arch_files}
+        COMMENT "scrc: ${stem} x ${quant} -> ${SCR_TARGET}"
+        VERBATIM)
+      list(APPEND sources ${out})
+      list(APPEND symbols ${sym})
+      list(APPEND summary "${stem}/${quant}")
+    endforeach()
+  endforeach()
+  set(registry ${gen_dir}/registry.cpp)
+  add_custom_command(
+    OUTPUT ${registry}
+    COMMAND scrc registry --out ${registry} ${symbols}
+    DEPENDS scrc
+    COMMENT "scrc: registry of ${CMAKE_CURRENT_LIST_LENGTH} specializations"
+    VERBATIM)
+  add_library(${target_name} STATIC ${sources} ${registry})
+  target_link_libraries(${target_name} PUBLIC scr_loader scr_core)
+  target_include_directories(${target_name} PRIVATE ${PROJECT_SOURCE_DIR})
+  list(JOIN summary ", " summary_text)
+  message(STATUS "Scratchy: target ${SCR_TARGET}, specializations: ${summary_text}")
+  set(SCR_SPECIALIZATIONS ${symbols} PARENT_SCOPE)
+endfunction()

@@ -1,0 +1,798 @@
+#include "compiler/bind/binder.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "runtime/core/error.hpp"
+
+namespace scr::bind {
+namespace {
+
+using dsl::Expr;
+using dsl::ExprKind;
+using dsl::SourceLoc;
+using dsl::Stmt;
+using dsl::StmtKind;
+using nlohmann::json;
+
+// A value during compile-time execution of the program.
+struct Val {
+    enum Kind { absent, number, boolean, string, list, act, tuple, path, tokens } kind = absent;
+    double num = 0;
+    bool is_int = false;
+    std::string str;         // string / path text
+    std::vector<Val> items;  // list / tuple
+    int vid = -1;            // value id
+    std::string absent_key;  // which config key was missing (for errors)
+
+    static Val of_number(double d, bool integer) { Val v; v.kind = number; v.num = d; v.is_int = integer; return v; }
+    static Val of_bool(bool b) { Val v; v.kind = boolean; v.num = b; return v; }
+};
+
+const char* kind_name(Val::Kind k) {
+    switch (k) {
+        case Val::absent: return "an absent config value";
+        case Val::number: return "a number";
+        case Val::boolean: return "a boolean";
+        case Val::string: return "a string";
+        case Val::list: return "a list";
+        case Val::act: return "a tensor";
+        case Val::tuple: return "a tuple";
+        case Val::path: return "a weight path";
+        case Val::tokens: return "the token ids";
+    }
+    return "?";
+}
+
+Val from_json(const json& j) {
+    Val v;
+    if (j.is_boolean()) return Val::of_bool(j.get<bool>());
+    if (j.is_number_integer() || j.is_number_unsigned()) return Val::of_number(double(j.get<int64_t>()), true);
+    if (j.is_number_float()) {
+        double d = j.get<double>();
+        return Val::of_number(d, false);
+    }
+    if (j.is_string()) { v.kind = Val::string; v.str = j.get<std::string>(); return v; }
+    if (j.is_array()) {
+        v.kind = Val::list;
+        for (auto& e : j) v.items.push_back(from_json(e));
+        return v;
+    }
+    return v;  // null / object: absent
+}
+
+std::string val_text(const Val& v) {
+    switch (v.kind) {
+        case Val::number: return v.is_int ? fmt::format("{}", int64_t(v.num)) : fmt::format("{}", v.num);
+        case Val::boolean: return v.num ? "true" : "false";
+        case Val::string: return "\"" + v.str + "\"";
+        case Val::list: {
+            std::string s = "[";
+            for (size_t i = 0; i < v.items.size(); ++i) s += (i ? ", " : "") + val_text(v.items[i]);
+            return s + "]";
+        }
+        default: return kind_name(v.kind);
+    }
+}
+
+struct RopeParams {
+    std::string type = "default";
+    double theta = 10000;
+    int rotary_dim = 0;
+    std::vector<float> inv_freq;
+};
+
+class Executor {
+public:
+    Executor(const dsl::Program& prog, const json& config, const quant::Preset& preset, Bound& out)
+        : prog_(prog), config_(config), preset_(preset), out_(out) {}
+
+    void run() {
+        for (auto& s : prog_.stmts) exec(*s);
+        auto it = locals_.find("logits");
+        if (it == locals_.end() || it->second.kind != Val::act)
+            fail("{}: the program must assign the output tensor `logits`", prog_.file);
+        auto& lv = g().values[it->second.vid];
+        int64_t vocab = required_const("vocab", SourceLoc{prog_.file, 1, 1});
+        if (lv.width() != vocab)
+            fail("{}: `logits` has width {} but the vocabulary is {}", prog_.file, lv.width(), vocab);
+        if (lv.rows != ir::Rows::logits)
+            fail("{}: `logits` must be computed after the layer loop (on the logit rows)", prog_.file);
+        g().output = it->second.vid;
+    }
+
+    // Reads a key from config.json and records it; absent or null -> Val::absent.
+    Val config_value(const std::string& pointer_str) {
+        json::json_pointer ptr(pointer_str);
+        const json* j = config_.contains(ptr) ? &config_.at(ptr) : nullptr;
+        record(pointer_str, j);
+        if (!j || j->is_null()) {
+            Val v;
+            v.absent_key = pointer_str.substr(1);
+            return v;
+        }
+        Val v = from_json(*j);
+        if (v.kind == Val::absent) v.absent_key = pointer_str.substr(1);
+        return v;
+    }
+
+    void record(const std::string& pointer, const json* j) {
+        if (recorded_.count(pointer)) return;
+        recorded_.insert(pointer);
+        out_.keys.push_back({pointer, j ? j->dump() : ""});
+    }
+
+private:
+    ir::Graph& g() { return out_.graph; }
+
+    [[noreturn]] void err(const SourceLoc& loc, const std::string& msg) { fail("{}: {}", loc.str(), msg); }
+
+    // ---- statements ------------------------------------------------------------------------------
+    void exec(const Stmt& s) {
+        switch (s.kind) {
+            case StmtKind::constant: {
+                const std::string& name = s.targets[0];
+                if (consts_.count(name)) err(s.loc, fmt::format("constant `{}` is defined twice", name));
+                in_const_ = true;
+                Val v = eval(*s.value);
+                in_const_ = false;
+                if (v.kind == Val::absent)
+                    err(s.loc, fmt::format("constant `{}`: config.json has no \"{}\" and no fallback was given (write `{} = {} | <default>`)",
+                                           name, v.absent_key, name, v.absent_key));
+                consts_[name] = v;
+                out_.consts.emplace_back(name, val_text(v));
+                break;
+            }
+            case StmtKind::assign: {
+                current_src_ = source_line(s.loc.line);
+                Val v = eval(*s.value);
+                if (s.targets.size() == 1) {
+                    bind_local(s, s.targets[0], v);
+                } else {
+                    if (v.kind != Val::tuple || v.items.size() != s.targets.size())
+                        err(s.loc, fmt::format("{} names on the left but the right side gives {}", s.targets.size(),
+                                               v.kind == Val::tuple ? std::to_string(v.items.size()) + " values" : std::string("one value")));
+                    for (size_t i = 0; i < s.targets.size(); ++i) bind_local(s, s.targets[i], v.items[i]);
+                }
+                break;
+            }
+            case StmtKind::for_layers: {
+                if (in_loop_) err(s.loc, "layer loops cannot be nested");
+                Val n = eval(*s.value);
+                if (n.kind != Val::number || !n.is_int || n.num < 1)
+                    err(s.value->loc, "a layer loop needs a positive integer count");
+                in_loop_ = true;
+                for (int64_t l = 0; l < int64_t(n.num); ++l) {
+                    consts_[s.loop_var] = Val::of_number(double(l), true);
+                    layer_ = int(l);
+                    prefix_ = s.prefix.empty() ? "" : substitute(s.prefix, s.loc) + ".";
+                    for (auto& b : s.body) exec(*b);
+                }
+                consts_.erase(s.loop_var);
+                in_loop_ = false;
+                layer_ = -1;
+                prefix_.clear();
+                head_ = true;  // statements after the layer loop run on the logit rows only
+                break;
+            }
+            case StmtKind::if_else: {
+                Val c = eval(*s.value);
+                if (c.kind != Val::boolean) err(s.value->loc, fmt::format("an `if` needs a boolean, got {}", kind_name(c.kind)));
+                for (auto& b : (c.num ? s.body : s.orelse)) exec(*b);
+                break;
+            }
+        }
+    }
+
+    void bind_local(const Stmt& s, const std::string& name, const Val& v) {
+        if (consts_.count(name)) err(s.loc, fmt::format("`{}` is a constant and cannot be reassigned", name));
+        if (v.kind == Val::act && g().values[v.vid].name.empty()) g().values[v.vid].name = name;
+        locals_[name] = v;
+    }
+
+    std::string source_line(int line) const {
+        size_t pos = 0;
+        for (int i = 1; i < line && pos != std::string::npos; ++i) pos = prog_.source.find('\n', pos) + 1;
+        size_t end = prog_.source.find('\n', pos);
+        std::string s = prog_.source.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+        size_t b = s.find_first_not_of(' ');
+        return b == std::string::npos ? "" : s.substr(b);
+    }
+
+    // Replaces {name} in a weight path with the integer value of that constant; unknown names stay.
+    std::string substitute(const std::string& path, const SourceLoc& loc) {
+        std::string out;
+        for (size_t i = 0; i < path.size(); ++i) {
+            if (path[i] == '{') {
+                size_t close = path.find('}', i);
+                std::string name = path.substr(i + 1, close - i - 1);
+                auto it = consts_.find(name);
+                if (it != consts_.end()) {
+                    if (it->second.kind != Val::number || !it->second.is_int)
+                        err(loc, fmt::format("`{{{}}}` in a weight path must be an integer", name));
+                    out += std::to_string(int64_t(it->second.num));
+                } else {
+                    out += path.substr(i, close - i + 1);
+                }
+                i = close;
+            } else {
+                out += path[i];
+            }
+        }
+        return out;
+    }
+
+    // ---- expressions -----------------------------------------------------------------------------
+    Val eval(const Expr& e, const std::vector<int64_t>* shape = nullptr) {
+        switch (e.kind) {
+            case ExprKind::number: return Val::of_number(e.number, e.is_integer);
+            case ExprKind::boolean: return Val::of_bool(e.number != 0);
+            case ExprKind::string: { Val v; v.kind = Val::string; v.str = e.text; return v; }
+            case ExprKind::list: {
+                Val v;
+                v.kind = Val::list;
+                for (auto& a : e.args) v.items.push_back(eval(*a));
+                return v;
+            }
+            case ExprKind::name: return eval_name(e);
+            case ExprKind::fallback: {
+                Val a = eval(*e.args[0]);
+                return a.kind == Val::absent ? eval(*e.args[1]) : a;
+            }
+            case ExprKind::ternary: {
+                Val c = eval(*e.args[0]);
+                if (c.kind != Val::boolean) err(e.loc, fmt::format("`?` needs a boolean condition, got {}", kind_name(c.kind)));
+                return eval(*e.args[c.num ? 1 : 2], shape);
+            }
+            case ExprKind::unary: {
+                Val a = eval(*e.args[0]);
+                if (e.text == "not") {
+                    if (a.kind != Val::boolean) err(e.loc, "`not` needs a boolean");
+                    return Val::of_bool(!a.num);
+                }
+                if (a.kind != Val::number) err(e.loc, "unary `-` needs a number");
+                return Val::of_number(-a.num, a.is_int);
+            }
+            case ExprKind::binary: return eval_binary(e);
+            case ExprKind::shaped: {
+                std::vector<int64_t> dims;
+                for (size_t i = 1; i < e.args.size(); ++i) {
+                    Val d = eval(*e.args[i]);
+                    if (d.kind != Val::number || !d.is_int || d.num < 1)
+                        err(e.args[i]->loc, "a shape dimension must be a positive integer");
+                    dims.push_back(int64_t(d.num));
+                }
+                if (e.args[0]->kind != ExprKind::call && e.args[0]->kind != ExprKind::ternary)
+                    err(e.loc, "a shape annotation `: [..]` applies to an op call");
+                return eval(*e.args[0], &dims);
+            }
+            case ExprKind::call: return eval_call(e, shape);
+        }
+        err(e.loc, "unsupported expression");
+    }
+
+    Val eval_name(const Expr& e) {
+        const std::string& n = e.text;
+        if (auto it = locals_.find(n); it != locals_.end()) return it->second;
+        if (auto it = consts_.find(n); it != consts_.end()) return it->second;
+        if (n == "tokens") { Val v; v.kind = Val::tokens; return v; }
+        if (in_const_) {
+            if (n.find('.') != std::string::npos) {
+                // nested config key: a.b -> /a/b
+                std::string ptr;
+                size_t start = 0;
+                while (start <= n.size()) {
+                    size_t dot = n.find('.', start);
+                    ptr += "/" + n.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+                    if (dot == std::string::npos) break;
+                    start = dot + 1;
+                }
+                return config_value(ptr);
+            }
+            return config_value("/" + n);
+        }
+        Val v;
+        v.kind = Val::path;
+        v.str = prefix_ + substitute(n, e.loc);
+        return v;
+    }
+
+    static bool truthy_num(const Val& v) { return v.kind == Val::number; }
+
+    Val eval_binary(const Expr& e) {
+        const std::string& op = e.text;
+        if (op == "and" || op == "or") {
+            Val a = eval(*e.args[0]);
+            if (a.kind != Val::boolean) err(e.loc, fmt::format("`{}` needs booleans", op));
+            if (op == "and" && !a.num) return a;
+            if (op == "or" && a.num) return a;
+            Val b = eval(*e.args[1]);
+            if (b.kind != Val::boolean) err(e.loc, fmt::format("`{}` needs booleans", op));
+            return b;
+        }
+        Val a = eval(*e.args[0]);
+        Val b = eval(*e.args[1]);
+        if (op == "in") {
+            if (b.kind != Val::list) err(e.loc, "`in` needs a list on the right");
+            for (auto& it : b.items)
+                if (it.kind == a.kind && it.num == a.num && it.str == a.str) return Val::of_bool(true);
+            return Val::of_bool(false);
+        }
+        if (a.kind == Val::act || b.kind == Val::act) return tensor_binary(e, op, a, b);
+        if (op == "==" || op == "!=") {
+            bool eq = a.kind == b.kind && a.num == b.num && a.str == b.str;
+            return Val::of_bool(op == "==" ? eq : !eq);
+        }
+        if (!truthy_num(a) || !truthy_num(b))
+            err(e.loc, fmt::format("`{}` needs numbers, got {} and {}", op, kind_name(a.kind), kind_name(b.kind)));
+        bool ints = a.is_int && b.is_int;
+        if (op == "+") return Val::of_number(a.num + b.num, ints);
+        if (op == "-") return Val::of_number(a.num - b.num, ints);
+        if (op == "*") return Val::of_number(a.num * b.num, ints);
+        if (op == "/") {
+            if (b.num == 0) err(e.loc, "division by zero");
+            if (ints) {
+                if (int64_t(a.num) % int64_t(b.num) != 0)
+                    err(e.loc, fmt::format("{} / {} is not an integer", int64_t(a.num), int64_t(b.num)));
+                return Val::of_number(double(int64_t(a.num) / int64_t(b.num)), true);
+            }
+            return Val::of_number(a.num / b.num, false);
+        }
+        if (op == "%") {
+            if (!ints || b.num == 0) err(e.loc, "`%` needs integers and a non-zero divisor");
+            return Val::of_number(double(int64_t(a.num) % int64_t(b.num)), true);
+        }
+        if (op == "<") return Val::of_bool(a.num < b.num);
+        if (op == "<=") return Val::of_bool(a.num <= b.num);
+        if (op == ">") return Val::of_bool(a.num > b.num);
+        if (op == ">=") return Val::of_bool(a.num >= b.num);
+        err(e.loc, fmt::format("unknown operator `{}`", op));
+    }
+
+    // ---- graph building --------------------------------------------------------------------------
+    int new_value(std::vector<int64_t> dims, ir::Rows rows) {
+        ir::Value v;
+        v.id = int(g().values.size());
+        v.dims = std::move(dims);
+        v.rows = rows;
+        g().values.push_back(v);
+        return v.id;
+    }
+
+    ir::Rows out_rows() const { return head_ ? ir::Rows::logits : ir::Rows::tokens; }
+
+    // Inputs to head statements are gathered to the logit rows once.
+    int input(const SourceLoc& loc, const Val& v, const char* what) {
+        if (v.kind != Val::act) err(loc, fmt::format("{} must be a tensor, got {}", what, kind_name(v.kind)));
+        int id = v.vid;
+        if (head_ && g().values[id].rows == ir::Rows::tokens) {
+            if (auto it = gathered_.find(id); it != gathered_.end()) return it->second;
+            int out = new_value(g().values[id].dims, ir::Rows::logits);
+            ir::Op op = make_op(ir::OpKind::gather_rows, loc);
+            op.in = {id};
+            op.out = {out};
+            g().ops.push_back(op);
+            gathered_[id] = out;
+            return out;
+        }
+        return id;
+    }
+
+    ir::Op make_op(ir::OpKind k, const SourceLoc& loc) {
+        ir::Op op;
+        op.kind = k;
+        op.layer = layer_;
+        op.loc = loc;
+        op.src = current_src_;
+        return op;
+    }
+
+    Val act(int id) { Val v; v.kind = Val::act; v.vid = id; return v; }
+
+    int tensor(const SourceLoc& loc, const std::string& name, std::vector<int64_t> shape, ir::TensorRole role,
+               bool optional = false) {
+        for (size_t i = 0; i < g().tensors.size(); ++i) {
+            auto& t = g().tensors[i];
+            if (t.name != name) continue;
+            if (t.shape != shape)
+                err(loc, fmt::format("tensor {} is used with shape [{}] here but [{}] elsewhere", name,
+                                     fmt::join(shape, ", "), fmt::join(t.shape, ", ")));
+            return int(i);
+        }
+        ir::Tensor t;
+        t.name = name;
+        t.shape = std::move(shape);
+        t.role = role;
+        t.optional = optional;
+        switch (role) {
+            case ir::TensorRole::embedding: t.dtype = preset_.embedding; break;
+            case ir::TensorRole::linear: t.dtype = preset_.linear; break;
+            case ir::TensorRole::router: t.dtype = preset_.router; break;
+            case ir::TensorRole::norm:
+            case ir::TensorRole::bias: t.dtype = preset_.norm; break;
+        }
+        g().tensors.push_back(t);
+        return int(g().tensors.size() - 1);
+    }
+
+    Val tensor_binary(const Expr& e, const std::string& op, const Val& a, const Val& b) {
+        if (a.kind != Val::act || b.kind != Val::act)
+            err(e.loc, fmt::format("`{}` between a tensor and {} is not supported", op,
+                                   kind_name(a.kind == Val::act ? b.kind : a.kind)));
+        if (op != "+" && op != "*") err(e.loc, fmt::format("tensor operator `{}` is not supported (use + or *)", op));
+        int x = input(e.loc, a, "left operand"), y = input(e.loc, b, "right operand");
+        auto& vx = g().values[x];
+        auto& vy = g().values[y];
+        if (vx.width() != vy.width())
+            err(e.loc, fmt::format("`{}` of tensors of widths {} and {}", op, vx.width(), vy.width()));
+        if (vx.rows != vy.rows) err(e.loc, "`+`/`*` of a token tensor and a logit-row tensor");
+        ir::Op o = make_op(op == "+" ? ir::OpKind::add : ir::OpKind::mul, e.loc);
+        o.in = {x, y};
+        o.out = {new_value(vx.dims, vx.rows)};
+        g().ops.push_back(o);
+        return act(o.out[0]);
+    }
+
+    struct Args {
+        const Expr& call;
+        std::vector<Val> pos;
+        std::map<std::string, Val> kw;
+        std::set<std::string> used;
+        const Val& at(size_t i, const char* what) const {
+            if (i >= pos.size())
+                fail("{}: {}() needs argument {} ({})", call.loc.str(), call.text, i + 1, what);
+            return pos[i];
+        }
+        std::optional<Val> key(const std::string& k) {
+            used.insert(k);
+            auto it = kw.find(k);
+            if (it == kw.end()) return std::nullopt;
+            return it->second;
+        }
+    };
+
+    int64_t int_arg(const SourceLoc& loc, const Val& v, const char* what) {
+        if (v.kind != Val::number || !v.is_int) err(loc, fmt::format("{} must be an integer, got {}", what, val_text(v)));
+        return int64_t(v.num);
+    }
+
+    double num_arg(const SourceLoc& loc, const Val& v, const char* what) {
+        if (v.kind != Val::number) err(loc, fmt::format("{} must be a number, got {}", what, val_text(v)));
+        return v.num;
+    }
+
+    bool bool_arg(const SourceLoc& loc, const Val& v, const char* what) {
+        if (v.kind != Val::boolean) err(loc, fmt::format("{} must be true or false, got {}", what, val_text(v)));
+        return v.num != 0;
+    }
+
+    std::string path_arg(const SourceLoc& loc, const Val& v, const char* what) {
+        if (v.kind != Val::path) err(loc, fmt::format("{} must be a weight path, got {}", what, kind_name(v.kind)));
+        return v.str;
+    }
+
+    int64_t required_const(const char* name, const SourceLoc& loc) {
+        auto it = consts_.find(name);
+        if (it == consts_.end() || it->second.kind != Val::number || !it->second.is_int)
+            err(loc, fmt::format("this op needs the integer constant `{}` (every architecture defines hidden, vocab, layers)", name));
+        return int64_t(it->second.num);
+    }
+
+    Val eval_call(const Expr& e, const std::vector<int64_t>* shape) {
+        Args a{e, {}, {}, {}};
+        for (auto& x : e.args) a.pos.push_back(eval(*x));
+        for (auto& [k, x] : e.kwargs) a.kw[k] = eval(*x);
+        Val r;
+        const std::string& f = e.text;
+        if (f == "embed") r = op_embed(a);
+        else if (f == "rmsnorm") r = op_rmsnorm(a);
+        else if (f == "linear") r = op_linear(a, shape);
+        else if (f == "silu") r = op_silu(a);
+        else if (f == "rope") r = op_rope(a);
+        else if (f == "attention") r = op_attention(a);
+        else if (f == "moe") r = op_moe(a);
+        else err(e.loc, fmt::format("unknown op `{}` (ops: embed, rmsnorm, linear, silu, rope, attention, moe)", f));
+        for (auto& [k, _] : a.kw)
+            if (!a.used.count(k)) err(e.loc, fmt::format("{}() has no keyword argument `{}`", f, k));
+        if (shape && f != "linear") {
+            auto& v = g().values[r.vid];
+            int64_t w = std::accumulate(shape->begin(), shape->end(), int64_t(1), std::multiplies<>());
+            if (w != v.width()) err(e.loc, fmt::format("{}() produces width {} but the annotation says {}", f, v.width(), w));
+            v.dims = *shape;
+        }
+        return r;
+    }
+
+    Val op_embed(Args& a) {
+        const auto& loc = a.call.loc;
+        if (a.at(0, "token ids").kind != Val::tokens) err(loc, "embed() takes `tokens` first");
+        if (head_) err(loc, "embed() must come before the layer loop");
+        std::string p = path_arg(loc, a.at(1, "embedding table"), "embed()'s table");
+        int64_t vocab = required_const("vocab", loc), hidden = required_const("hidden", loc);
+        ir::Op op = make_op(ir::OpKind::embed, loc);
+        op.weights = {tensor(loc, p + ".weight", {vocab, hidden}, ir::TensorRole::embedding)};
+        op.out = {new_value({hidden}, ir::Rows::tokens)};
+        g().ops.push_back(op);
+        return act(op.out[0]);
+    }
+
+    Val op_rmsnorm(Args& a) {
+        const auto& loc = a.call.loc;
+        int x = input(loc, a.at(0, "input"), "rmsnorm()'s input");
+        std::string p = path_arg(loc, a.at(1, "weight"), "rmsnorm()'s weight");
+        double eps = num_arg(loc, a.at(2, "epsilon"), "rmsnorm()'s epsilon");
+        auto dims = g().values[x].dims;
+        ir::Op op = make_op(ir::OpKind::rmsnorm, loc);
+        op.in = {x};
+        op.weights = {tensor(loc, p + ".weight", {dims.back()}, ir::TensorRole::norm)};
+        op.attr["eps"] = eps;
+        op.attr["dim"] = double(dims.back());
+        op.out = {new_value(dims, g().values[x].rows)};
+        g().ops.push_back(op);
+        return act(op.out[0]);
+    }
+
+    Val op_linear(Args& a, const std::vector<int64_t>* shape) {
+        const auto& loc = a.call.loc;
+        int x = input(loc, a.at(0, "input"), "linear()'s input");
+        std::string p = path_arg(loc, a.at(1, "weight"), "linear()'s weight");
+        if (!shape) err(loc, "linear() needs its output shape: write `linear(x, w) : [n]`");
+        bool bias = false;
+        if (auto b = a.key("bias")) bias = bool_arg(loc, *b, "linear()'s bias");
+        int64_t n = std::accumulate(shape->begin(), shape->end(), int64_t(1), std::multiplies<>());
+        int64_t k = g().values[x].width();
+        ir::Op op = make_op(ir::OpKind::linear, loc);
+        op.in = {x};
+        // A table already used as the embedding keeps its role (tied lm_head).
+        op.weights = {tensor(loc, p + ".weight", {n, k}, ir::TensorRole::linear)};
+        op.weights.push_back(bias ? tensor(loc, p + ".bias", {n}, ir::TensorRole::bias) : -1);
+        op.attr["n"] = double(n);
+        op.attr["k"] = double(k);
+        op.out = {new_value(*shape, g().values[x].rows)};
+        g().ops.push_back(op);
+        return act(op.out[0]);
+    }
+
+    Val op_silu(Args& a) {
+        const auto& loc = a.call.loc;
+        int x = input(loc, a.at(0, "input"), "silu()'s input");
+        ir::Op op = make_op(ir::OpKind::silu, loc);
+        op.in = {x};
+        op.out = {new_value(g().values[x].dims, g().values[x].rows)};
+        g().ops.push_back(op);
+        return act(op.out[0]);
+    }
+
+    RopeParams rope_params(const SourceLoc& loc, int64_t head_dim) {
+        RopeParams r;
+        // transformers >= 5 writes rope_parameters; older configs rope_theta + rope_scaling.
+        Val params = config_value("/rope_parameters");
+        std::string base;
+        json::json_pointer pp("/rope_parameters");
+        bool modern = config_.contains(pp) && config_.at(pp).is_object();
+        if (modern) {
+            base = "/rope_parameters";
+            Val t = config_value(base + "/rope_theta");
+            r.theta = t.kind == Val::number ? t.num : 10000.0;
+            Val ty = config_value(base + "/rope_type");
+            r.type = ty.kind == Val::string ? ty.str : "default";
+        } else {
+            Val t = config_value("/rope_theta");
+            r.theta = t.kind == Val::number ? t.num : 10000.0;
+            json::json_pointer sp("/rope_scaling");
+            bool scaled = config_.contains(sp) && config_.at(sp).is_object();
+            record("/rope_scaling", config_.contains(sp) ? &config_.at(sp) : nullptr);
+            if (scaled) {
+                base = "/rope_scaling";
+                Val ty = config_value(base + "/rope_type");
+                if (ty.kind != Val::string) ty = config_value(base + "/type");
+                r.type = ty.kind == Val::string ? ty.str : "default";
+            }
+        }
+        Val prf = config_value("/partial_rotary_factor");
+        double factor_rot = prf.kind == Val::number ? prf.num : 1.0;
+        r.rotary_dim = int(double(head_dim) * factor_rot);
+        if (r.rotary_dim % 2 != 0 || r.rotary_dim < 2 || r.rotary_dim > head_dim)
+            err(loc, fmt::format("rope(): rotary dimension {} (head_dim {} x partial_rotary_factor {}) must be even and within head_dim",
+                                 r.rotary_dim, head_dim, factor_rot));
+        const int dim = r.rotary_dim;
+        // As transformers computes it: float32 exponent i/dim, then base ** exponent.
+        r.inv_freq.resize(dim / 2);
+        for (int i = 0; i < dim / 2; ++i) {
+            float expo = float(2 * i) / float(dim);
+            r.inv_freq[i] = float(1.0 / std::pow(r.theta, double(expo)));
+        }
+        auto num = [&](const char* key, std::optional<double> dflt) {
+            Val v = config_value(base + "/" + key);
+            if (v.kind == Val::number) return v.num;
+            if (!dflt) err(loc, fmt::format("rope(): rope type \"{}\" needs \"{}\" in config.json", r.type, key));
+            return *dflt;
+        };
+        if (r.type == "default") {
+        } else if (r.type == "linear") {
+            double f = num("factor", std::nullopt);
+            for (auto& x : r.inv_freq) x = float(x / f);
+        } else if (r.type == "llama3") {
+            // transformers' _compute_llama3_parameters, evaluated once here.
+            double factor = num("factor", std::nullopt), low = num("low_freq_factor", std::nullopt),
+                   high = num("high_freq_factor", std::nullopt),
+                   old_ctx = num("original_max_position_embeddings", std::nullopt);
+            double low_wavelen = old_ctx / low, high_wavelen = old_ctx / high;
+            for (auto& x : r.inv_freq) {
+                double inv = x, wavelen = 2 * M_PI / inv;
+                double scaled = wavelen > low_wavelen ? inv / factor : inv;
+                bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+                if (medium) {
+                    double smooth = (old_ctx / wavelen - low) / (high - low);
+                    scaled = (1 - smooth) * scaled / factor + smooth * scaled;
+                }
+                x = float(scaled);
+            }
+        } else {
+            err(loc, fmt::format("rope(): rope type \"{}\" is not supported yet (supported: default, linear, llama3)", r.type));
+        }
+        (void)params;
+        return r;
+    }
+
+    Val op_rope(Args& a) {
+        const auto& loc = a.call.loc;
+        int q = input(loc, a.at(0, "queries"), "rope()'s queries");
+        int k = input(loc, a.at(1, "keys"), "rope()'s keys");
+        auto qd = g().values[q].dims, kd = g().values[k].dims;
+        if (qd.size() != 2 || kd.size() != 2)
+            err(loc, "rope() needs [heads, head_dim]-shaped queries and keys (annotate the projections)");
+        if (qd[1] != kd[1]) err(loc, fmt::format("rope(): query head_dim {} != key head_dim {}", qd[1], kd[1]));
+        if (!rope_) rope_ = rope_params(loc, qd[1]);
+        ir::Op op = make_op(ir::OpKind::rope, loc);
+        op.in = {q, k};
+        op.out = {new_value(qd, g().values[q].rows), new_value(kd, g().values[k].rows)};
+        op.attr["rotary_dim"] = rope_->rotary_dim;
+        op.attr["q_heads"] = double(qd[0]);
+        op.attr["k_heads"] = double(kd[0]);
+        op.attr["head_dim"] = double(qd[1]);
+        op.table = rope_->inv_freq;
+        g().ops.push_back(op);
+        Val t;
+        t.kind = Val::tuple;
+        t.items = {act(op.out[0]), act(op.out[1])};
+        return t;
+    }
+
+    Val op_attention(Args& a) {
+        const auto& loc = a.call.loc;
+        if (head_) err(loc, "attention() cannot run on the logit rows (after the layer loop)");
+        int q = input(loc, a.at(0, "queries"), "attention()'s queries");
+        int k = input(loc, a.at(1, "keys"), "attention()'s keys");
+        int v = input(loc, a.at(2, "values"), "attention()'s values");
+        auto qd = g().values[q].dims, kd = g().values[k].dims, vd = g().values[v].dims;
+        if (qd.size() != 2 || kd.size() != 2 || vd.size() != 2)
+            err(loc, "attention() needs [heads, head_dim]-shaped q, k, v (annotate the projections)");
+        if (qd[1] != kd[1]) err(loc, fmt::format("attention(): q head_dim {} != k head_dim {}", qd[1], kd[1]));
+        if (kd[0] != vd[0]) err(loc, fmt::format("attention(): {} key heads but {} value heads", kd[0], vd[0]));
+        if (qd[0] % kd[0] != 0)
+            err(loc, fmt::format("attention(): {} query heads are not a multiple of {} kv heads", qd[0], kd[0]));
+        double scale = 1.0 / std::sqrt(double(qd[1]));
+        if (auto s = a.key("scale")) scale = num_arg(loc, *s, "attention()'s scale");
+        ir::Op op = make_op(ir::OpKind::attention, loc);
+        op.in = {q, k, v};
+        op.out = {new_value({qd[0], vd[1]}, ir::Rows::tokens)};
+        op.attr["q_heads"] = double(qd[0]);
+        op.attr["kv_heads"] = double(kd[0]);
+        op.attr["head_dim"] = double(qd[1]);
+        op.attr["v_head_dim"] = double(vd[1]);
+        op.attr["scale"] = scale;
+        op.kv_index = int(g().kv.size());
+        ir::KvLayout kv;
+        kv.kv_heads = int(kd[0]);
+        kv.head_dim = int(qd[1]);
+        g().kv.push_back(kv);
+        g().ops.push_back(op);
+        return act(op.out[0]);
+    }
+
+    Val op_moe(Args& a) {
+        const auto& loc = a.call.loc;
+        int x = input(loc, a.at(0, "input"), "moe()'s input");
+        std::string router = path_arg(loc, a.at(1, "router weight"), "moe()'s router");
+        std::string experts_tpl = path_arg(loc, a.at(2, "expert path with {e}"), "moe()'s expert path");
+        if (experts_tpl.find("{e}") == std::string::npos) err(loc, "moe()'s expert path must contain {e}");
+        auto need = [&](const char* k) {
+            auto v = a.key(k);
+            if (!v) err(loc, fmt::format("moe() needs {}=", k));
+            return *v;
+        };
+        int64_t n_exp = int_arg(loc, need("experts"), "moe()'s experts");
+        int64_t top_k = int_arg(loc, need("top_k"), "moe()'s top_k");
+        int64_t ffn = int_arg(loc, need("ffn"), "moe()'s ffn");
+        bool normalize = false;
+        if (auto v = a.key("normalize")) normalize = bool_arg(loc, *v, "moe()'s normalize");
+        if (top_k < 1 || top_k > n_exp) err(loc, fmt::format("moe(): top_k {} must be in 1..{}", top_k, n_exp));
+        int64_t hidden = g().values[x].width();
+        ir::Op op = make_op(ir::OpKind::moe, loc);
+        op.in = {x};
+        op.weights.push_back(tensor(loc, router + ".weight", {n_exp, hidden}, ir::TensorRole::router));
+        for (int64_t e = 0; e < n_exp; ++e) {
+            std::string base = experts_tpl;
+            base.replace(base.find("{e}"), 3, std::to_string(e));
+            op.weights.push_back(tensor(loc, base + ".gate_proj.weight", {ffn, hidden}, ir::TensorRole::linear));
+            op.weights.push_back(tensor(loc, base + ".up_proj.weight", {ffn, hidden}, ir::TensorRole::linear));
+            op.weights.push_back(tensor(loc, base + ".down_proj.weight", {hidden, ffn}, ir::TensorRole::linear));
+        }
+        op.attr["experts"] = double(n_exp);
+        op.attr["top_k"] = double(top_k);
+        op.attr["ffn"] = double(ffn);
+        op.attr["hidden"] = double(hidden);
+        op.attr["normalize"] = normalize;
+        // Scratch for routing and per-expert row groups (see kernels/cpu/moe.hpp for the layout).
+        const int64_t rows = out_.params.max_batch_tokens;
+        op.workspace = rows * (3 * hidden + 2 * ffn + n_exp + 2 * top_k + 2) + 2 * n_exp + 64;
+        op.out = {new_value({hidden}, g().values[x].rows)};
+        g().ops.push_back(op);
+        return act(op.out[0]);
+    }
+
+    const dsl::Program& prog_;
+    const json& config_;
+    const quant::Preset& preset_;
+    Bound& out_;
+    std::map<std::string, Val> consts_, locals_;
+    std::set<std::string> recorded_;
+    std::map<int, int> gathered_;
+    std::optional<RopeParams> rope_;
+    std::string prefix_, current_src_;
+    bool in_const_ = false, in_loop_ = false, head_ = false;
+    int layer_ = -1;
+};
+
+int64_t int_or(const json& j, const char* key, int64_t dflt) {
+    if (!j.contains(key)) return dflt;
+    const auto& v = j[key];
+    if (v.is_number_integer()) return v.get<int64_t>();
+    if (v.is_array() && !v.empty() && v[0].is_number_integer()) return v[0].get<int64_t>();
+    return dflt;
+}
+
+}  // namespace
+
+Bound bind(const dsl::Program& program, const json& config, const std::string& config_path,
+           const std::string& stem, const quant::Preset& preset, const BuildParams& params) {
+    if (!config.is_object()) fail("{}: config.json must be a JSON object", config_path);
+    Bound b;
+    b.stem = stem;
+    b.arch = program.arch;
+    b.config_path = config_path;
+    b.preset = preset;
+    b.params = params;
+    Executor ex(program, config, preset, b);
+    // The HF architecture must be one the program declares.
+    Val archs = ex.config_value("/architectures/0");
+    if (archs.kind != Val::string)
+        fail("{}: config.json has no \"architectures\" list naming the model class", config_path);
+    bool ok = false;
+    for (auto& a : program.hf_architectures) ok |= a == archs.str;
+    if (!ok)
+        fail("{}: architecture {} is not served by {} (it serves: {})", config_path, archs.str, program.file,
+             fmt::join(program.hf_architectures, ", "));
+    b.hf_architecture = archs.str;
+    Val maxpos = ex.config_value("/max_position_embeddings");
+    if (maxpos.kind != Val::number || !maxpos.is_int || maxpos.num < 1)
+        fail("{}: \"max_position_embeddings\" must be a positive integer", config_path);
+    b.max_position = int64_t(maxpos.num);
+    ex.run();
+    for (auto& [name, text] : b.consts) {
+        if (name == "vocab") b.vocab = std::stoll(text);
+        if (name == "hidden") b.hidden = std::stoll(text);
+        if (name == "layers") b.layers = std::stoll(text);
+    }
+    b.bos = int_or(config, "bos_token_id", -1);
+    b.eos = int_or(config, "eos_token_id", -1);
+    return b;
+}
+
+}  // namespace scr::bind

@@ -1,0 +1,22 @@
+#include "compiler/ir/graph.hpp"
+
+namespace scr::ir {
+
+const char* op_name(OpKind k) {
+    switch (k) {
+        case OpKind::embed: return "embed";
+        case OpKind::rmsnorm: return "rmsnorm";
+        case OpKind::linear: return "linear";
+        case OpKind::linear_swiglu: return "linear_swiglu";
+        case OpKind::rope: return "rope";
+        case OpKind::attention: return "attention";
+        case OpKind::moe: return "moe";
+        case OpKind::add: return "add";
+        case OpKind::mul: return "mul";
+        case OpKind::silu: return "silu";
+        case OpKind::gather_rows: return "gather_rows";
+    }
+    return "?";
+}
+
+}  // namespace scr::ir

@@ -1,0 +1,7 @@
+// Every CPU kernel the generated code calls. Templates over the compiled constants only.
+#pragma once
+
+#include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/elementwise.hpp"
+#include "kernels/cpu/linear.hpp"
+#include "kernels/cpu/moe.hpp"

@@ -1,0 +1,52 @@
+// The weights of one compiled specialization, checked against its plan: every tensor's name,
+// shape and dtype. A tensor whose dtype the preset shares is a pointer into the mapped file (no
+// copy); any other is converted once at load into an aligned buffer.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/model/compiled_model.hpp"
+#include "runtime/weights/safetensors.hpp"
+
+namespace scr {
+
+// Every safetensors file of a model folder: model.safetensors, or the shards listed by
+// model.safetensors.index.json.
+class Checkpoint {
+public:
+    static std::shared_ptr<Checkpoint> open(const std::filesystem::path& dir);
+    struct Found {
+        const SafetensorsFile* file;
+        const TensorEntry* entry;
+    };
+    const Found* find(const std::string& name) const;
+    std::string describe() const;  // the files, for messages
+
+private:
+    std::vector<std::unique_ptr<SafetensorsFile>> files_;
+    std::map<std::string, Found, std::less<>> index_;
+};
+
+class WeightSet {
+public:
+    // Throws scr::Error naming the tensor and file on a missing tensor or a wrong shape.
+    WeightSet(std::span<const TensorSpec> specs, std::shared_ptr<Checkpoint> checkpoint, std::string_view model_name);
+    ~WeightSet();
+    const void* data(size_t index) const { return ptrs_[index]; }
+    size_t size() const { return ptrs_.size(); }
+    int64_t mapped_bytes() const { return mapped_bytes_; }
+    int64_t converted_bytes() const { return converted_bytes_; }
+
+private:
+    std::shared_ptr<Checkpoint> checkpoint_;
+    std::vector<const void*> ptrs_;
+    std::vector<void*> owned_;
+    int64_t mapped_bytes_ = 0, converted_bytes_ = 0;
+};
+
+}  // namespace scr
