@@ -1,0 +1,211 @@
+#include "runtime/engine/sampler.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace scr::engine {
+
+namespace {
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+double log_sum_exp(const float* x, int n, float max_value) {
+    double s = 0;
+    for (int i = 0; i < n; ++i) s += std::exp(double(x[i]) - max_value);
+    return double(max_value) + std::log(s);
+}
+
+float max_of(const float* x, int n) {
+    float m = kNegInf;
+    for (int i = 0; i < n; ++i) m = std::max(m, x[i]);
+    return m;
+}
+}  // namespace
+
+Sampler::Sampler(int vocab_size)
+    : vocab_(vocab_size), raw_(size_t(vocab_size)), order_(size_t(vocab_size)),
+      counts_(size_t(vocab_size), 0), seen_(size_t(vocab_size), 0) {
+    touched_.reserve(4096);
+}
+
+// vLLM: vllm/v1/sample/logits_processor/builtin.py:L229 (MinTokensLogitsProcessor.apply): until
+// min_tokens outputs exist, every stop token (eos unless ignored, and stop_token_ids) is banned.
+void Sampler::apply_min_tokens(float* logits, const SamplingParams& p, int num_output_tokens,
+                               std::span<const int32_t> eos_ids) const {
+    if (num_output_tokens >= p.min_tokens) return;
+    if (!p.ignore_eos)
+        for (int32_t id : eos_ids) if (id >= 0 && id < vocab_) logits[id] = kNegInf;
+    for (int32_t id : p.stop_token_ids) if (id >= 0 && id < vocab_) logits[id] = kNegInf;
+}
+
+// vLLM: vllm/v1/sample/logits_processor/builtin.py:L160 (LogitBiasLogitsProcessor.apply)
+void Sampler::apply_logit_bias(float* logits, const SamplingParams& p) const {
+    for (auto [id, bias] : p.logit_bias) if (id >= 0 && id < vocab_) logits[id] += bias;
+}
+
+// vLLM: vllm/model_executor/layers/utils.py:L72 (apply_penalties): repetition over prompt and
+// output tokens (L104: divide positive logits, multiply negative ones), then the OpenAI frequency
+// (L108: minus f * count) and presence (L109: minus p if present) penalties over output tokens.
+void Sampler::apply_penalties(float* logits, const SamplingParams& p, std::span<const int32_t> context,
+                              int num_output_tokens) {
+    const bool repetition = p.repetition_penalty != 1.0f;
+    const bool freq_or_presence = p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
+    if (!repetition && !freq_or_presence) return;  // vLLM: sampler.py:L350 (no_penalties)
+    touched_.clear();
+    if (repetition) {
+        for (int32_t id : context) {
+            if (id < 0 || id >= vocab_ || seen_[id]) continue;
+            seen_[id] = 1;
+            touched_.push_back(id);
+            float& l = logits[id];
+            l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+        }
+    }
+    if (freq_or_presence) {
+        const size_t first_output = context.size() - size_t(num_output_tokens);
+        for (size_t i = first_output; i < context.size(); ++i) {
+            int32_t id = context[i];
+            if (id < 0 || id >= vocab_) continue;
+            if (counts_[id]++ == 0 && !seen_[id]) touched_.push_back(id);
+        }
+        for (int32_t id : touched_) {
+            if (counts_[id] == 0) continue;
+            logits[id] -= p.frequency_penalty * float(counts_[id]) + p.presence_penalty;
+        }
+    }
+    for (int32_t id : touched_) { seen_[id] = 0; counts_[id] = 0; }
+}
+
+int32_t Sampler::argmax(const float* logits) const {
+    // vLLM: vllm/v1/sample/sampler.py:L168 (greedy_sample); the first maximum wins.
+    int32_t best = 0;
+    for (int32_t i = 1; i < vocab_; ++i) if (logits[i] > logits[best]) best = i;
+    return best;
+}
+
+void Sampler::apply_min_p_top_k_top_p(float* logits, const SamplingParams& p) {
+    const int V = vocab_;
+    const float m = max_of(logits, V);
+    if (!(m > kNegInf)) return;
+
+    // vLLM: vllm/v1/sample/logits_processor/builtin.py:L100 (MinPLogitsProcessor.apply): drop tokens
+    // whose probability is below min_p times the top probability; in logit space
+    // l < max + log(min_p).
+    if (p.min_p > 0.0f) {
+        const float threshold = m + std::log(p.min_p);
+        for (int i = 0; i < V; ++i) if (logits[i] < threshold) logits[i] = kNegInf;
+    }
+
+    const bool top_k = p.top_k > 0 && p.top_k < V;
+    const bool top_p = p.top_p < 1.0f;
+    if (!top_k && !top_p) return;
+
+    int n = 0;
+    for (int i = 0; i < V; ++i) if (logits[i] > kNegInf) order_[size_t(n++)] = i;
+    auto desc = [&](int32_t a, int32_t b) { return logits[a] > logits[b]; };
+
+    // vLLM: vllm/v1/sample/ops/topk_topp_sampler.py:L265 (top-k in apply_top_k_top_p): keep what is
+    // at least the k-th largest value (ties with it survive).
+    if (top_k && p.top_k < n) {
+        std::nth_element(order_.begin(), order_.begin() + (p.top_k - 1), order_.begin() + n, desc);
+        const float kth = logits[order_[size_t(p.top_k - 1)]];
+        int kept = 0;
+        for (int j = 0; j < n; ++j) {
+            int32_t id = order_[size_t(j)];
+            if (logits[id] < kth) logits[id] = kNegInf;
+            else order_[size_t(kept++)] = id;
+        }
+        n = kept;
+    }
+    if (!top_p) return;
+
+    // vLLM: vllm/v1/sample/ops/topk_topp_sampler.py:L273 (top-p): sorting ascending and masking
+    // where the cumulative probability is <= 1 - p is the same as keeping, in descending order,
+    // every token whose better-ranked tokens hold less than p of the mass (the top one always).
+    // Only the head of the order is sorted, growing it until it holds p of the mass.
+    double z = 0;
+    for (int j = 0; j < n; ++j) z += std::exp(double(logits[order_[size_t(j)]]) - m);
+    const double target = double(p.top_p) * z;
+    int sorted = std::min(n, 64);
+    int keep = n;
+    for (;;) {
+        std::partial_sort(order_.begin(), order_.begin() + sorted, order_.begin() + n, desc);
+        double cum = 0;
+        int r = 0;
+        for (; r < sorted; ++r) {
+            if (r > 0 && cum >= target) break;
+            cum += std::exp(double(logits[order_[size_t(r)]]) - m);
+        }
+        if (r < sorted || sorted == n) { keep = r; break; }
+        sorted = std::min(n, sorted * 4);
+    }
+    for (int j = keep; j < n; ++j) logits[order_[size_t(j)]] = kNegInf;
+}
+
+// vLLM: vllm/v1/sample/sampler.py:L67 (Sampler.forward) and L171 (sample).
+int32_t Sampler::sample(float* logits, const SamplingParams& p, std::span<const int32_t> context,
+                        int num_output_tokens, std::span<const int32_t> eos_ids, Rng& rng,
+                        TokenLogprob* logprobs) {
+    const int V = vocab_;
+    // vLLM: sampler.py:L93: logprobs come from the raw logits, before any processing.
+    const bool want_logprobs = p.logprobs >= 0 && logprobs;
+    if (want_logprobs) std::copy(logits, logits + V, raw_.begin());
+
+    // vLLM: sampler.py:L308 (apply_logits_processors): L337 non-argmax-invariant processors
+    // (min_tokens, logit_bias), then L341 penalties.
+    apply_min_tokens(logits, p, num_output_tokens, eos_ids);
+    apply_logit_bias(logits, p);
+    apply_penalties(logits, p, context, num_output_tokens);
+
+    int32_t token;
+    if (p.temperature < kSamplingEps) {
+        token = argmax(logits);  // vLLM: sampler.py:L195 (greedy), L240 (temperature < eps)
+    } else {
+        // vLLM: sampler.py:L156 (apply_temperature), L225 (argmax-invariant processors: min_p),
+        // L229 (top-k/top-p), then a draw from the remaining distribution. vLLM draws with an
+        // exponential race (topk_topp_sampler.py:L311, random_sample); we invert the CDF with one
+        // uniform per token: the same distribution, far fewer random numbers.
+        const float inv_t = 1.0f / p.temperature;
+        for (int i = 0; i < V; ++i) logits[i] *= inv_t;
+        apply_min_p_top_k_top_p(logits, p);
+        const float m = max_of(logits, V);
+        double z = 0;
+        for (int i = 0; i < V; ++i) z += std::exp(double(logits[i]) - m);
+        const double u = rng.uniform() * z;
+        double cum = 0;
+        token = -1;
+        int32_t last_finite = 0;
+        for (int i = 0; i < V; ++i) {
+            if (!(logits[i] > kNegInf)) continue;
+            last_finite = i;
+            cum += std::exp(double(logits[i]) - m);
+            if (cum > u) { token = i; break; }
+        }
+        if (token < 0) token = last_finite;  // rounding at the very end of the CDF
+    }
+
+    if (want_logprobs) {
+        // vLLM: sampler.py:L252 (gather_logprobs): the sampled token's logprob and the top-k.
+        const float m = max_of(raw_.data(), V);
+        const double lse = log_sum_exp(raw_.data(), V, m);
+        logprobs->token_id = token;
+        logprobs->logprob = float(double(raw_[size_t(token)]) - lse);
+        logprobs->top.clear();
+        const int k = std::min(p.logprobs, V);
+        if (k > 0) {
+            for (int i = 0; i < V; ++i) order_[size_t(i)] = i;
+            std::partial_sort(order_.begin(), order_.begin() + k, order_.begin() + V,
+                              [&](int32_t a, int32_t b) {
+                                  return raw_[size_t(a)] > raw_[size_t(b)] ||
+                                         (raw_[size_t(a)] == raw_[size_t(b)] && a < b);
+                              });
+            for (int j = 0; j < k; ++j) {
+                int32_t id = order_[size_t(j)];
+                logprobs->top.emplace_back(id, float(double(raw_[size_t(id)]) - lse));
+            }
+        }
+    }
+    return token;
+}
+
+}  // namespace scr::engine

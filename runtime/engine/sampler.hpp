@@ -1,0 +1,51 @@
+// Turns one row of logits into the next token of one sequence, with vLLM v1's processing order
+// (vllm/v1/sample/sampler.py:L20, the Sampler docstring):
+//   raw logprobs -> min_tokens and logit_bias (non-argmax-invariant processors) -> penalties ->
+//   greedy, or temperature -> min_p -> top-k -> top-p -> random draw.
+// Rows are independent (nothing depends on the batch), and all scratch is allocated once.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "runtime/engine/engine.hpp"
+#include "runtime/engine/rng.hpp"
+
+namespace scr::engine {
+
+struct Sequence;
+
+class Sampler {
+public:
+    explicit Sampler(int vocab_size);
+
+    // `logits` (vocab_size floats) is modified in place. `context` is the prompt then the outputs
+    // so far (penalties read it); `num_output_tokens` of them are outputs. Fills *logprobs when
+    // params.logprobs >= 0 (with logprobs->top reusing its capacity).
+    int32_t sample(float* logits, const SamplingParams& params, std::span<const int32_t> context,
+                   int num_output_tokens, std::span<const int32_t> eos_ids, Rng& rng,
+                   TokenLogprob* logprobs);
+
+    // The steps, public for tests. Each works on one row in place.
+    void apply_min_tokens(float* logits, const SamplingParams& p, int num_output_tokens,
+                          std::span<const int32_t> eos_ids) const;
+    void apply_logit_bias(float* logits, const SamplingParams& p) const;
+    void apply_penalties(float* logits, const SamplingParams& p, std::span<const int32_t> context,
+                         int num_output_tokens);
+    // After temperature: masks to -inf what min_p, top_k and top_p remove.
+    void apply_min_p_top_k_top_p(float* logits, const SamplingParams& p);
+    int32_t argmax(const float* logits) const;
+
+    static constexpr float kSamplingEps = 1e-5f;  // vLLM: vllm/v1/sample/sampler.py:L17
+
+private:
+    int vocab_;
+    std::vector<float> raw_;           // raw logits kept for logprobs
+    std::vector<int32_t> order_;       // candidate ids (top-k / top-p selection)
+    std::vector<int32_t> counts_;      // output token counts (frequency/presence penalties)
+    std::vector<uint8_t> seen_;        // prompt+output membership (repetition penalty)
+    std::vector<int32_t> touched_;     // ids set in counts_/seen_, to reset them
+};
+
+}  // namespace scr::engine
