@@ -35,7 +35,16 @@ endfunction()
 function(scr_generate_models target_name)
   scr_resolve_models(configs)
   set(gen_dir ${PROJECT_BINARY_DIR}/gen)
+  set(SCR_GEN_EXT cpp)
+  if(SCR_TARGET STREQUAL "cuda")
+    set(SCR_GEN_EXT cu)  # compiled by nvcc
+  endif()
   file(GLOB arch_files ${PROJECT_SOURCE_DIR}/models/arch/*.scr)
+  # SCR_HOST_SCRC: run an already built scrc instead of this tree's (a build test, a cross build).
+  set(scrc_cmd scrc)
+  if(SCR_HOST_SCRC)
+    set(scrc_cmd ${SCR_HOST_SCRC})
+  endif()
   set(sources "")
   set(symbols "")
   set(summary "")
@@ -46,16 +55,20 @@ function(scr_generate_models target_name)
       message(FATAL_ERROR "SCR_QUANT: no preset models/quant/${quant}.json (presets: ${presets})")
     endif()
     foreach(config IN LISTS configs)
-      get_filename_component(stem ${config} NAME_WE)
+      get_filename_component(stem ${config} NAME_WLE)
       set(sym "m_${stem}__${quant}__${SCR_TARGET}")
       string(REGEX REPLACE "[^A-Za-z0-9_]" "_" sym "${sym}")
-      set(out ${gen_dir}/${sym}.cpp)
+      set(out ${gen_dir}/${sym}.${SCR_GEN_EXT})
+      set(target_args "")
+      if(SCR_TARGET STREQUAL "spyre")
+        set(target_args --spyre-scratchpad-bytes ${SCR_SPYRE_SCRATCHPAD_BYTES})
+      endif()
       add_custom_command(
         OUTPUT ${out}
-        COMMAND scrc gen --arch-dir ${PROJECT_SOURCE_DIR}/models/arch --config ${config} --quant ${preset}
+        COMMAND ${scrc_cmd} gen --arch-dir ${PROJECT_SOURCE_DIR}/models/arch --config ${config} --quant ${preset}
                 --target ${SCR_TARGET} --stem ${stem} --block-size ${SCR_BLOCK_SIZE}
-                --max-batch-tokens ${SCR_MAX_BATCH_TOKENS} --max-logit-rows ${SCR_MAX_LOGIT_ROWS} --out ${out}
-        DEPENDS scrc ${config} ${preset} ${arch_files}
+                --max-batch-tokens ${SCR_MAX_BATCH_TOKENS} --max-logit-rows ${SCR_MAX_LOGIT_ROWS} ${target_args} --out ${out}
+        DEPENDS ${scrc_cmd} ${config} ${preset} ${arch_files}
         COMMENT "scrc: ${stem} x ${quant} -> ${SCR_TARGET}"
         VERBATIM)
       list(APPEND sources ${out})
@@ -66,12 +79,17 @@ function(scr_generate_models target_name)
   set(registry ${gen_dir}/registry.cpp)
   add_custom_command(
     OUTPUT ${registry}
-    COMMAND scrc registry --out ${registry} ${symbols}
-    DEPENDS scrc
+    COMMAND ${scrc_cmd} registry --out ${registry} ${symbols}
+    DEPENDS ${scrc_cmd}
     COMMENT "scrc: registry of ${CMAKE_CURRENT_LIST_LENGTH} specializations"
     VERBATIM)
   add_library(${target_name} STATIC ${sources} ${registry})
+  # Only the generation step (scrc over every specialization), e.g. to check a plan without compiling it.
+  add_custom_target(${target_name}_sources DEPENDS ${sources} ${registry})
   target_link_libraries(${target_name} PUBLIC scr_loader scr_core)
+  if(SCR_TARGET STREQUAL "cuda")
+    target_link_libraries(${target_name} PUBLIC scr_cuda)
+  endif()
   target_include_directories(${target_name} PRIVATE ${PROJECT_SOURCE_DIR})
   list(JOIN summary ", " summary_text)
   message(STATUS "Scratchy: target ${SCR_TARGET}, specializations: ${summary_text}")

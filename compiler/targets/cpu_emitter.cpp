@@ -116,11 +116,15 @@ private:
                 return fmt::format("k::rope<{}, {}, {}, {}>({}, {}, {}, {}, {}, b.positions, {}, P);", attr("q_heads"),
                                    attr("k_heads"), attr("head_dim"), attr("rotary_dim"), rows(in[0]), ptr(in[0]), ptr(in[1]),
                                    ptr(op.out[0]), ptr(op.out[1]), rope_table_.at(op.table));
-            case ir::OpKind::attention:
-                return fmt::format("k::attention<{}, {}, {}, {}, {}>(ab, {}, {}, {}, kv.data, kKvBlockBytes, kKvK[kl + {}], kKvV[kl + {}], {}, {}, P);",
+            case ir::OpKind::attention: {
+                // Window, soft-cap and sinks: one braced AttnExtras literal ({} when the layer uses none).
+                std::string extras = fmt::format("k::AttnExtras{{{}, {}, {}}}", float_literal(op.attr.at("softcap")),
+                                                 attr("window"), W(0));
+                return fmt::format("k::attention<{}, {}, {}, {}, {}>(ab, {}, {}, {}, kv.data, kKvBlockBytes, kKvK[kl + {}], kKvV[kl + {}], {}, {}, {}, P);",
                                    attr("q_heads"), attr("kv_heads"), attr("head_dim"), b_.params.block_size,
                                    ctype(b_.preset.kv_cache), ptr(in[0]), ptr(in[1]), ptr(in[2]), op.kv_index - kbase,
-                                   op.kv_index - kbase, float_literal(op.attr.at("scale")), ptr(o0));
+                                   op.kv_index - kbase, float_literal(op.attr.at("scale")), extras, ptr(o0));
+            }
             case ir::OpKind::moe: {
                 std::string experts = fmt::format("wp(wl + {})", op.weights[1] - wbase);
                 return fmt::format("k::moe<{}, {}, {}, {}, {}, {}, {}>({}, {}, {}, {}, {}, {}, S + {}, P);", attr("hidden"), attr("ffn"),
@@ -179,33 +183,35 @@ private:
         const std::string ind = "        ";
         o += "        const int wl = 0, kl = 0;\n";
         o += lines(pre, 0, 0, ind);
-        // Fold layers whose code is identical relative to their first weight and KV slot.
+        // Runs of consecutive layers whose code is identical relative to their first weight and KV
+        // slot fold into one loop (typically layers 1..N-1; layer 0 can differ only in scratch
+        // offsets, since the planner starts it from an emptier arena).
         std::vector<std::string> texts;
-        std::vector<int> wbases, kbases;
+        std::vector<int> wbases, kbases, ids;
         for (auto& [l, ops] : layers) {
+            ids.push_back(l);
             wbases.push_back(first_weight(ops));
             kbases.push_back(first_kv(ops));
             texts.push_back(lines(ops, wbases.back(), kbases.back(), ind + "    "));
         }
-        bool uniform = !texts.empty();
-        for (size_t l = 1; l < texts.size() && uniform; ++l) {
-            uniform = texts[l] == texts[0] && wbases[l] - wbases[l - 1] == (texts.size() > 1 ? wbases[1] - wbases[0] : 0) &&
-                      kbases[l] - kbases[l - 1] == (texts.size() > 1 ? kbases[1] - kbases[0] : 0);
-        }
-        if (uniform) {
-            int wstride = texts.size() > 1 ? wbases[1] - wbases[0] : 0, kstride = texts.size() > 1 ? kbases[1] - kbases[0] : 0;
-            o += fmt::format("        for (int l = 0; l < {}; ++l) {{\n", texts.size());
-            o += fmt::format("            const int wl = {} + {} * l, kl = {} + {} * l;\n", wbases[0], wstride, kbases[0], kstride);
-            o += texts[0];
-            o += "        }\n";
-        } else {
-            size_t i = 0;
-            for (auto& [l, ops] : layers) {
-                o += fmt::format("        {{  // layer {}\n            const int wl = {}, kl = {};\n", l, wbases[i], kbases[i]);
-                o += texts[i];
+        for (size_t a = 0; a < texts.size();) {
+            size_t b = a + 1;
+            if (a + 1 < texts.size() && texts[a + 1] == texts[a]) {
+                const int ws = wbases[a + 1] - wbases[a], ks = kbases[a + 1] - kbases[a];
+                while (b < texts.size() && texts[b] == texts[a] && wbases[b] - wbases[b - 1] == ws &&
+                       kbases[b] - kbases[b - 1] == ks && ids[b] == ids[b - 1] + 1)
+                    ++b;
+                o += fmt::format("        for (int l = {}; l < {}; ++l) {{\n", ids[a], ids[b - 1] + 1);
+                o += fmt::format("            const int wl = {} + {} * (l - {}), kl = {} + {} * (l - {});\n", wbases[a], ws,
+                                 ids[a], kbases[a], ks, ids[a]);
+                o += texts[a];
                 o += "        }\n";
-                ++i;
+            } else {
+                o += fmt::format("        {{  // layer {}\n            const int wl = {}, kl = {};\n", ids[a], wbases[a], kbases[a]);
+                o += texts[a];
+                o += "        }\n";
             }
+            a = b;
         }
         o += "        {\n";
         o += lines(post, 0, 0, ind + "    ");

@@ -9,13 +9,8 @@
 #include "runtime/core/error.hpp"
 #include "runtime/core/thread_pool.hpp"
 #include "runtime/weights/hf_cache.hpp"
-#include "runtime/text/tokenizer.hpp"
-#if __has_include("runtime/text/chat_template.hpp")
-#define SCR_HAVE_TEXT 1
 #include "runtime/text/chat_template.hpp"
-#else
-namespace scr::text { class ChatTemplate {}; }  // TEMPORARY scaffold while the text layer lands
-#endif
+#include "runtime/text/tokenizer.hpp"
 
 namespace scr {
 
@@ -128,7 +123,6 @@ LoadedModel load_model(const std::string& arg, const LoadOptions& options) {
     lm.model = lm.entry->create(*lm.weights, ThreadPool::global());
     if (fs::exists(lm.dir / "generation_config.json"))
         lm.generation_config = read_json_file(lm.dir / "generation_config.json", "generation_config.json");
-#ifdef SCR_HAVE_TEXT
     if (options.load_text && fs::exists(lm.dir / "tokenizer.json")) {
         lm.tokenizer = text::Tokenizer::load(lm.dir);
         if (fs::exists(lm.dir / "tokenizer_config.json") || fs::exists(lm.dir / "chat_template.jinja")) {
@@ -139,7 +133,6 @@ LoadedModel load_model(const std::string& arg, const LoadOptions& options) {
             }
         }
     }
-#endif
     lm.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return lm;
 }

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Builds Scratchy and runs every test, as CI does (.ci/run calls this):
+#  1. the main build: the tiny test models (f32 + bf16) and the embedded default model, all tests;
+#  2. the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer;
+#  3. the spyre target (emulator tests + the expected-to-fail plan) and a CUDA compile check,
+#     when those targets are present in the tree.
+# Usage: tools/test.sh [--quick]   (--quick: step 1 only)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+quick=0; [ "${1:-}" = "--quick" ] && quick=1
+
+# Independent oracles for the text and server tests (npm packages, never committed).
+npm ci --silent --no-audit --no-fund --prefix tools/oracles
+npm ci --silent --no-audit --no-fund --prefix tests/server
+export SCR_REQUIRE_ORACLES=1
+
+echo "== 1. main build and tests"
+cmake -S . -B build-test -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DSCR_MODELS="tiny-*;scratchy-tiny" -DSCR_QUANT="f32;bf16"
+cmake --build build-test -j"$jobs"
+ctest --test-dir build-test --output-on-failure -j"$jobs" --timeout 900
+[ $quick -eq 1 ] && exit 0
+
+echo "== 2. unit tests under ASan + UBSan"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSCR_SANITIZE=ON \
+  -DSCR_MODELS="tiny-llama;tiny-qwen3-moe" -DSCR_QUANT="f32"
+cmake --build build-asan -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan -L unit --output-on-failure -j"$jobs" --timeout 900
+
+if [ -f tests/spyre/CMakeLists.txt ]; then
+  echo "== 3a. spyre target"
+  cmake -S . -B build-spyre-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DSCR_TARGET=spyre \
+    -DSCR_MODELS="tiny-llama;tiny-qwen3;tiny-qwen3-moe" -DSCR_QUANT="f32"
+  cmake --build build-spyre-ci -j"$jobs"
+  ctest --test-dir build-spyre-ci --output-on-failure -j"$jobs" --timeout 900
+fi
+if [ -f compiler/targets/cuda_emitter.cpp ] && command -v nvcc >/dev/null 2>&1; then
+  echo "== 3b. CUDA target compiles (no GPU here)"
+  cmake -S . -B build-cuda-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DSCR_TARGET=cuda \
+    -DSCR_MODELS="tiny-llama" -DSCR_QUANT="bf16" -DSCR_TESTS=OFF
+  cmake --build build-cuda-ci -j"$jobs"
+fi
+echo "== all test stages passed"
