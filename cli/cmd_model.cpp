@@ -53,17 +53,20 @@ struct ModelArgs {
     std::string model;
     std::string quant;
     int threads = 0;
+    bool huge_pages = LoadOptions::huge_pages_from_env();
     void add(CLI::App* c, bool required = true) {
         auto* o = c->add_option("model", model, "model folder or Hugging Face id (in the local HF cache)");
         if (required) o->required();
         c->add_option("--quant", quant, "quant preset of the specialization to use (when several are compiled in)");
         c->add_option("--threads", threads, "CPU threads (default: all cores)");
+        c->add_flag("--huge-pages", huge_pages, "copy weights into 2 MiB pages at load (faster decode; also SCR_HUGE_PAGES=1)");
     }
     LoadedModel load(bool text = false) const {
         LoadOptions o;
         o.quant = quant;
         o.threads = threads;
         o.load_text = text;
+        o.huge_pages = huge_pages;
         return load_model(model, o);
     }
 };
@@ -81,8 +84,9 @@ void setup(CLI::App& app) {
             auto lm = args->load();
             const ModelInfo& m = *lm.entry->info;
             fmt::print("{}", m.plan_text);
-            fmt::print("loaded from {}: {} bytes mapped with no copy, {} bytes converted at load, {:.3f} s\n",
-                       lm.dir.string(), lm.weights->mapped_bytes(), lm.weights->converted_bytes(), lm.load_seconds);
+            fmt::print("loaded from {}: {} bytes mapped with no copy, {} bytes converted at load, {} bytes copied to huge pages, {:.3f} s\n",
+                       lm.dir.string(), lm.weights->mapped_bytes(), lm.weights->converted_bytes(),
+                       lm.weights->huge_page_bytes(), lm.load_seconds);
         });
     }
 

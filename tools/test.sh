@@ -17,13 +17,13 @@ export SCR_REQUIRE_ORACLES=1
 
 echo "== 1. main build and tests"
 cmake -S . -B build-test -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DSCR_MODELS="tiny-*;scratchy-tiny" -DSCR_QUANT="f32;bf16"
+  -DSCR_TESTS=ON -DSCR_MODELS="tiny-*;scratchy-tiny" -DSCR_QUANT="f32;bf16"
 cmake --build build-test -j"$jobs"
 ctest --test-dir build-test --output-on-failure -j"$jobs" --timeout 900
 [ $quick -eq 1 ] && exit 0
 
 echo "== 2. unit tests under ASan + UBSan"
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSCR_SANITIZE=ON \
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSCR_SANITIZE=ON -DSCR_TESTS=ON \
   -DSCR_MODELS="tiny-llama;tiny-qwen3-moe" -DSCR_QUANT="f32"
 cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
@@ -31,7 +31,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 
 if [ -f tests/spyre/CMakeLists.txt ]; then
   echo "== 3a. spyre target"
-  cmake -S . -B build-spyre-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DSCR_TARGET=spyre \
+  cmake -S . -B build-spyre-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DSCR_TARGET=spyre -DSCR_TESTS=ON \
     -DSCR_MODELS="tiny-llama;tiny-qwen3;tiny-qwen3-moe" -DSCR_QUANT="f32"
   cmake --build build-spyre-ci -j"$jobs"
   ctest --test-dir build-spyre-ci --output-on-failure -j"$jobs" --timeout 900

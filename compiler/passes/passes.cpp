@@ -177,6 +177,7 @@ void plan_memory(ir::Graph& g, int64_t max_tokens, int64_t max_logit_rows) {
         auto& op = g.ops[i];
         for (size_t o = 0; o < op.out.size(); ++o) {
             auto& v = g.values[op.out[o]];
+            if (v.id == g.output) continue;  // written straight into the caller's logits buffer
             int src = inplace_input(op, o);
             if (src >= 0 && last_use[src] == int(i) && g.values[src].width() == v.width() &&
                 g.values[src].rows == v.rows && owner_last[owner[src]] <= int(i)) {
@@ -205,7 +206,7 @@ void plan_memory(ir::Graph& g, int64_t max_tokens, int64_t max_logit_rows) {
         }
         // Outputs nobody reads are released at once (their op still writes them).
         for (int v : op.out)
-            if (last_use[v] < 0 && owner[v] == v) {
+            if (v != g.output && last_use[v] < 0 && owner[v] == v) {
                 release(g.values[v].offset, floats_of(g.values[v]));
                 owner_last[v] = -2;
             }

@@ -22,6 +22,11 @@ LoadedModel::LoadedModel(LoadedModel&&) noexcept = default;
 LoadedModel& LoadedModel::operator=(LoadedModel&&) noexcept = default;
 LoadedModel::~LoadedModel() = default;
 
+bool LoadOptions::huge_pages_from_env() {
+    const char* v = std::getenv("SCR_HUGE_PAGES");
+    return v && std::string(v) == "1";
+}
+
 fs::path default_model_dir() {
     if (const char* env = std::getenv("SCR_DEFAULT_MODEL"); env && *env) return env;
 #ifdef SCR_DEFAULT_MODEL_DIR
@@ -119,7 +124,7 @@ LoadedModel load_model(const std::string& arg, const LoadOptions& options) {
     lm.entry = &select_specialization(lm.config, cfg.string(), options.quant);
     if (options.threads > 0) ThreadPool::set_default_threads(options.threads);
     auto checkpoint = Checkpoint::open(lm.dir);
-    lm.weights = std::make_unique<WeightSet>(lm.entry->info->tensors, checkpoint, lm.entry->info->stem);
+    lm.weights = std::make_unique<WeightSet>(lm.entry->info->tensors, checkpoint, lm.entry->info->stem, options.huge_pages);
     lm.model = lm.entry->create(*lm.weights, ThreadPool::global());
     if (fs::exists(lm.dir / "generation_config.json"))
         lm.generation_config = read_json_file(lm.dir / "generation_config.json", "generation_config.json");

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -87,7 +89,8 @@ bool convertible(DType t) { return t == DType::f32 || t == DType::bf16 || t == D
 
 }  // namespace
 
-WeightSet::WeightSet(std::span<const TensorSpec> specs, std::shared_ptr<Checkpoint> checkpoint, std::string_view model_name)
+WeightSet::WeightSet(std::span<const TensorSpec> specs, std::shared_ptr<Checkpoint> checkpoint, std::string_view model_name,
+                     bool huge_pages)
     : checkpoint_(std::move(checkpoint)) {
     ptrs_.assign(specs.size(), nullptr);
     for (size_t i = 0; i < specs.size(); ++i) {
@@ -130,10 +133,38 @@ WeightSet::WeightSet(std::span<const TensorSpec> specs, std::shared_ptr<Checkpoi
         ptrs_[i] = dst;
         converted_bytes_ += int64_t(bytes);
     }
+    if (huge_pages && mapped_bytes_ > 0) copy_mapped_to_huge_pages(specs);
+}
+
+void WeightSet::copy_mapped_to_huge_pages(std::span<const TensorSpec> specs) {
+    constexpr size_t kHuge = 2u << 20;
+    std::vector<size_t> offsets(ptrs_.size(), SIZE_MAX);
+    size_t total = 0;
+    for (size_t i = 0; i < specs.size(); ++i) {
+        const auto* found = ptrs_[i] ? checkpoint_->find(std::string(specs[i].name)) : nullptr;
+        if (!found || found->file->data(*found->entry) != ptrs_[i]) continue;  // converted or absent
+        offsets[i] = total;
+        total += (size_t(found->entry->end - found->entry->begin) + 63) / 64 * 64;
+    }
+    const size_t bytes = (total + kHuge - 1) / kHuge * kHuge;
+    void* p = ::mmap(nullptr, bytes + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) fail("cannot reserve {} bytes for huge-page weights", bytes);
+    // Align to 2 MiB so every page can be a huge page.
+    auto base = reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(p) + kHuge - 1) / kHuge * kHuge);
+    ::madvise(base, bytes, MADV_HUGEPAGE);
+    huge_ = p;
+    huge_bytes_ = int64_t(bytes + kHuge);
+    for (size_t i = 0; i < specs.size(); ++i) {
+        if (offsets[i] == SIZE_MAX) continue;
+        const auto* found = checkpoint_->find(std::string(specs[i].name));
+        std::memcpy(base + offsets[i], ptrs_[i], size_t(found->entry->end - found->entry->begin));
+        ptrs_[i] = base + offsets[i];
+    }
 }
 
 WeightSet::~WeightSet() {
     for (void* p : owned_) std::free(p);
+    if (huge_) ::munmap(huge_, size_t(huge_bytes_));
 }
 
 }  // namespace scr

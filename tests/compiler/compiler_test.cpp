@@ -191,7 +191,7 @@ TEST(Plan, LiveValuesNeverOverlapForEveryCheckedInConfig) {
             for (size_t a = 0; a < g.values.size(); ++a)
                 for (size_t c = a + 1; c < g.values.size(); ++c) {
                     const auto &va = g.values[a], &vc = g.values[c];
-                    if (def[a] < 0 || def[c] < 0) continue;
+                    if (def[a] < 0 || def[c] < 0 || int(a) == g.output || int(c) == g.output) continue;
                     if (va.alias_of == int(c) || vc.alias_of == int(a)) continue;
                     // Overlapping lifetimes (a value is written at def, read until last).
                     bool live_together = def[a] < std::max(last[c], def[c]) && def[c] < std::max(last[a], def[a]);
