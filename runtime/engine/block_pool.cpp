@@ -166,7 +166,7 @@ BlockPool::BlockPool(int32_t num_blocks, bool enable_caching)
       free_(std::max(num_blocks, 0)), cache_(std::max(num_blocks, 1)) {
     if (num_blocks < 2)
         fail("KV pool of {} blocks: need at least 2 (the null block and one usable block)", num_blocks);
-    // vLLM: vllm/v1/core/block_pool.py:L175: the null block is the first one taken and never returned.
+    // vLLM: vllm/v1/core/block_pool.py:L174: the null block is the first one taken and never returned.
     int32_t null_id = free_.popleft();
     (void)null_id;  // == kNullBlock
 }

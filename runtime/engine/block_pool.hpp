@@ -3,7 +3,7 @@
 // vllm/v1/core/kv_cache_utils.py:L110 (KVCacheBlock), L158 (FreeKVCacheBlockQueue).
 //
 // Blocks are referred to by id (0 .. num_blocks-1); block 0 is the null block, never handed out
-// (vLLM: block_pool.py:L175), so a block table padded with 0 points at harmless memory.
+// (vLLM: block_pool.py:L174), so a block table padded with 0 points at harmless memory.
 // Nothing here allocates after construction.
 #pragma once
 
@@ -29,7 +29,7 @@ public:
     void popleft_n(int32_t n, std::vector<int32_t>& out);  // vLLM: kv_cache_utils.py:L247 (appends to out)
     void remove(int32_t id);                            // vLLM: kv_cache_utils.py:L280
     void append(int32_t id);                            // vLLM: kv_cache_utils.py:L300
-    void prepend(int32_t id);                           // the front: used first (block_pool.py:L417)
+    void prepend(int32_t id);                           // the front: used first (block_pool.py:L421)
     std::vector<int32_t> to_vector() const;             // front to back, for tests
 
 private:

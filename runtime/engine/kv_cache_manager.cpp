@@ -12,7 +12,7 @@ KvCacheManager::KvCacheManager(int32_t num_blocks, int block_size, int max_model
 int KvCacheManager::get_computed_blocks(const Sequence& seq, std::vector<int32_t>& hit_blocks) {
     hit_blocks.clear();
     if (!pool_.caching_enabled()) return 0;
-    // vLLM: kv_cache_manager.py:L187: a full hit must still recompute the last token for logits.
+    // vLLM: kv_cache_manager.py:L189: a full hit must still recompute the last token for logits.
     const int max_cache_hit_length = seq.num_tokens() - 1;
     // vLLM: single_type_kv_cache_manager.py:L402 (FullAttentionManager.find_longest_cache_hit):
     // walk the hash chain until the first miss.

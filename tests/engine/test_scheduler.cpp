@@ -175,7 +175,7 @@ TEST(Scheduler, IgnoreEos) {
     EXPECT_EQ(s->status, SeqStatus::finished_length);
 }
 
-// max_num_seqs bounds the running set (vLLM: scheduler.py:L600 and test_scheduler.py
+// max_num_seqs bounds the running set (vLLM: scheduler.py:L599 and test_scheduler.py
 // (test_schedule with max_num_seqs)).
 TEST(Scheduler, MaxNumSeqs) {
     Harness h(100, 4, 512, 2);
