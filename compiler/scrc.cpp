@@ -16,6 +16,7 @@
 #include "compiler/dsl/parser.hpp"
 #include "compiler/passes/passes.hpp"
 #include "compiler/targets/emit.hpp"
+#include "compiler/targets/spyre_emitter.hpp"
 #include "runtime/core/error.hpp"
 
 namespace fs = std::filesystem;
@@ -75,13 +76,15 @@ int main(int argc, char** argv) {
     CLI::App app{"scrc: compiles (architecture, config.json, quant preset) into a specialized model for one target"};
     app.require_subcommand(1);
     std::string arch_dir, config_path, quant_path, target = "cpu", stem, out;
+    int64_t spyre_scratchpad_bytes = 1677721;  // usable LX per Spyre core (kernels/spyre/plan.hpp)
     bind::BuildParams params;
     std::vector<std::string> symbols;
     auto add_model_opts = [&](CLI::App* c) {
         c->add_option("--arch-dir", arch_dir, "folder of *.scr architecture files")->required();
         c->add_option("--config", config_path, "the model's config.json")->required();
         c->add_option("--quant", quant_path, "quant preset JSON")->required();
-        c->add_option("--target", target, "cpu")->check(CLI::IsMember({"cpu"}));
+        c->add_option("--target", target, "cpu | spyre")->check(CLI::IsMember({"cpu", "spyre"}));
+        c->add_option("--spyre-scratchpad-bytes", spyre_scratchpad_bytes, "spyre: usable scratchpad bytes per core");
         c->add_option("--stem", stem, "name of the specialization (default: the config file's stem)");
         c->add_option("--block-size", params.block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
         c->add_option("--max-batch-tokens", params.max_batch_tokens, "most tokens per forward")->check(CLI::Range(1, 1 << 20));
@@ -111,10 +114,12 @@ int main(int argc, char** argv) {
         passes::fuse(bound.graph);
         passes::plan_memory(bound.graph, params.max_batch_tokens, params.max_logit_rows);
         if (plan->parsed()) {
-            fmt::print("{}", emit::plan_text(bound, emit::sizes_of(bound)));
+            if (target == "spyre") fmt::print("{}", emit::spyre_plan_report(bound, spyre_scratchpad_bytes));
+            else fmt::print("{}", emit::plan_text(bound, emit::sizes_of(bound)));
             return 0;
         }
-        write_if_changed(out, emit::emit_cpu(bound));
+        if (target == "spyre") write_if_changed(out, emit::emit_spyre(bound, spyre_scratchpad_bytes));
+        else write_if_changed(out, emit::emit_cpu(bound));
         fmt::print("{}\n", emit::symbol_for(bound, target));
     } catch (const Error& e) {
         fmt::print(stderr, "scrc: error: {}\n", e.what());
