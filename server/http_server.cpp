@@ -214,7 +214,7 @@ struct HttpServer::Impl {
         std::shared_ptr<Generation> gen;
         try {
             if (draining) throw shutting_down();
-            const json body = parse_json_body(req.body);
+            const RequestJson body = parse_json_body(req.body);
             GenerationJob job = api == ApiKind::chat         ? parse_chat_request(body, ctx)
                                 : api == ApiKind::completion ? parse_completion_request(body, ctx)
                                                              : parse_messages_request(body, ctx);
@@ -274,7 +274,7 @@ struct HttpServer::Impl {
     void handle_json(const httplib::Request& req, httplib::Response& res, Fn&& fn) {
         const bool anthropic = is_anthropic_path(req.path);
         try {
-            const json body = parse_json_body(req.body);
+            const RequestJson body = parse_json_body(req.body);
             res.set_content(to_wire(fn(body)), "application/json");
         } catch (const ApiError& e) {
             send_error(res, e, anthropic);
@@ -292,13 +292,13 @@ struct HttpServer::Impl {
             handle_generation(req, res, ApiKind::messages);
         });
         http.Post("/v1/messages/count_tokens", [this](const httplib::Request& req, httplib::Response& res) {
-            handle_json(req, res, [&](const json& body) { return count_message_tokens(body, ctx); });
+            handle_json(req, res, [&](const RequestJson& body) { return count_message_tokens(body, ctx); });
         });
         http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
-            handle_json(req, res, [&](const json& body) { return tokenize_response(body, ctx); });
+            handle_json(req, res, [&](const RequestJson& body) { return tokenize_response(body, ctx); });
         });
         http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
-            handle_json(req, res, [&](const json& body) { return detokenize_response(body, ctx); });
+            handle_json(req, res, [&](const RequestJson& body) { return detokenize_response(body, ctx); });
         });
         http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
             res.set_content(to_wire(models_response(ctx, created_unix)), "application/json");

@@ -26,9 +26,10 @@ public:
     virtual ~TextFrontend() = default;
     virtual std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const = 0;
     virtual std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const = 0;
-    // context: {"messages": [...], "tools": [...], "add_generation_prompt": bool, template kwargs...}.
-    // Throws scr::Error when the template rejects the conversation.
-    virtual std::string render_chat(const nlohmann::json& context) const = 0;
+    // context: {"messages": [...], "tools": [...], "add_generation_prompt": bool, template kwargs...},
+    // keys in the client's order (templates' tojson shows it). Throws scr::Error when the template
+    // rejects the conversation.
+    virtual std::string render_chat(const nlohmann::ordered_json& context) const = 0;
     virtual int vocab_size() const = 0;
 };
 
@@ -70,18 +71,21 @@ struct GenerationJob {
     int num_choices() const { return int(prompts.size()) * params.n; }
 };
 
-// Body -> JSON object; ApiError 400 for empty, malformed, non-object or too deeply nested bodies.
-nlohmann::json parse_json_body(std::string_view body);
+// Request bodies keep the client's key order (ordered_json): tool schemas reach the chat template as sent.
+using RequestJson = nlohmann::ordered_json;
 
-GenerationJob parse_chat_request(const nlohmann::json& body, const ServingContext& ctx);
-GenerationJob parse_completion_request(const nlohmann::json& body, const ServingContext& ctx);
-GenerationJob parse_messages_request(const nlohmann::json& body, const ServingContext& ctx);
+// Body -> JSON object; ApiError 400 for empty, malformed, non-object or too deeply nested bodies.
+RequestJson parse_json_body(std::string_view body);
+
+GenerationJob parse_chat_request(const RequestJson& body, const ServingContext& ctx);
+GenerationJob parse_completion_request(const RequestJson& body, const ServingContext& ctx);
+GenerationJob parse_messages_request(const RequestJson& body, const ServingContext& ctx);
 // Anthropic's /v1/messages/count_tokens: {"input_tokens": N}.
-nlohmann::json count_message_tokens(const nlohmann::json& body, const ServingContext& ctx);
+nlohmann::json count_message_tokens(const RequestJson& body, const ServingContext& ctx);
 
 // vLLM's /tokenize ({"prompt"} or {"messages"}) and /detokenize ({"tokens"}).
-nlohmann::json tokenize_response(const nlohmann::json& body, const ServingContext& ctx);
-nlohmann::json detokenize_response(const nlohmann::json& body, const ServingContext& ctx);
+nlohmann::json tokenize_response(const RequestJson& body, const ServingContext& ctx);
+nlohmann::json detokenize_response(const RequestJson& body, const ServingContext& ctx);
 nlohmann::json models_response(const ServingContext& ctx, int64_t created);
 
 // 401 unless `headers_key` (from "Authorization: Bearer K" or "x-api-key: K") equals the

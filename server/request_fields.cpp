@@ -7,7 +7,7 @@
 
 namespace scr::server {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 namespace {
 

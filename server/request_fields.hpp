@@ -20,15 +20,15 @@ namespace scr::server {
 class RequestFields {
 public:
     // `path` prefixes field names in errors, e.g. "stream_options." or "messages[2].".
-    RequestFields(const nlohmann::json& object, std::string path = {});
+    RequestFields(const nlohmann::ordered_json& object, std::string path = {});
 
-    const nlohmann::json* get(std::string_view key);  // nullptr when absent or null
+    const nlohmann::ordered_json* get(std::string_view key);  // nullptr when absent or null
     std::optional<double> number(std::string_view key, double lo, double hi);
     std::optional<int64_t> integer(std::string_view key, int64_t lo, int64_t hi);
     std::optional<bool> boolean(std::string_view key);
     std::optional<std::string> string(std::string_view key);
-    const nlohmann::json* object(std::string_view key);
-    const nlohmann::json* array(std::string_view key);
+    const nlohmann::ordered_json* object(std::string_view key);
+    const nlohmann::ordered_json* array(std::string_view key);
 
     // Accepted and without effect here (e.g. "user", "metadata").
     void ignore(std::initializer_list<std::string_view> keys);
@@ -39,7 +39,7 @@ public:
     std::string name(std::string_view key) const { return path_ + std::string(key); }
 
 private:
-    const nlohmann::json& object_;
+    const nlohmann::ordered_json& object_;
     std::string path_;
     std::vector<std::string> known_;
 };

@@ -13,7 +13,7 @@
 
 namespace scr::server {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 namespace {
 
@@ -574,8 +574,9 @@ AnthropicConversation parse_anthropic_conversation(RequestFields& f) {
             if (t.contains("type") && t["type"] != "custom")
                 throw ApiError::unsupported(path, fmt::format("server tools (`{}`) are not supported; only custom "
                                                               "tools with an input_schema", t["type"].dump()));
-            json fn = {{"name", t["name"]}, {"parameters", t.value("input_schema", json::object())}};
+            json fn = {{"name", t["name"]}};
             if (t.contains("description")) fn["description"] = t["description"];
+            fn["parameters"] = t.value("input_schema", json::object());
             conv.tools.push_back({{"type", "function"}, {"function", std::move(fn)}});
         }
     }
@@ -631,7 +632,7 @@ GenerationJob parse_messages_request(const json& body, const ServingContext& ctx
     return job;
 }
 
-json count_message_tokens(const json& body, const ServingContext& ctx) {
+nlohmann::json count_message_tokens(const json& body, const ServingContext& ctx) {
     RequestFields f(body);
     check_model(f, ctx, false);
     f.ignore({"tool_choice", "thinking", "metadata"});
@@ -643,7 +644,7 @@ json count_message_tokens(const json& body, const ServingContext& ctx) {
 
 // ---- vLLM's /tokenize, /detokenize; /v1/models ----------------------------------------------------
 
-json tokenize_response(const json& body, const ServingContext& ctx) {
+nlohmann::json tokenize_response(const json& body, const ServingContext& ctx) {
     RequestFields f(body);
     check_model(f, ctx, false);
     std::vector<int32_t> ids;
@@ -670,7 +671,7 @@ json tokenize_response(const json& body, const ServingContext& ctx) {
     return out;
 }
 
-json detokenize_response(const json& body, const ServingContext& ctx) {
+nlohmann::json detokenize_response(const json& body, const ServingContext& ctx) {
     RequestFields f(body);
     check_model(f, ctx, false);
     const json* tokens = f.array("tokens");
@@ -682,7 +683,7 @@ json detokenize_response(const json& body, const ServingContext& ctx) {
     return {{"prompt", ctx.text->decode(ids, false)}};
 }
 
-json models_response(const ServingContext& ctx, int64_t created) {
+nlohmann::json models_response(const ServingContext& ctx, int64_t created) {
     return {{"object", "list"},
             {"data", json::array({{{"id", ctx.model_name},
                                    {"object", "model"},

@@ -29,13 +29,13 @@ std::string ByteText::decode(std::span<const int32_t> ids, bool skip_special_tok
     return text;
 }
 
-std::string ByteText::render_chat(const json& context) const {
+std::string ByteText::render_chat(const nlohmann::ordered_json& context) const {
     std::string out;
     if (context.contains("tools") && !context["tools"].empty()) out += "<|tools|>" + context["tools"].dump() + "\n";
     if (context.contains("enable_thinking") && context["enable_thinking"] == false) out += "<|no_think|>\n";
-    const json& messages = context.at("messages");
+    const auto& messages = context.at("messages");
     for (size_t i = 0; i < messages.size(); ++i) {
-        const json& m = messages[i];
+        const auto& m = messages[i];
         if (m["role"] == "system" && i > 0) throw scr::Error("System message must come first");
         out += fmt::format("<|{}|>{}", m["role"].get<std::string>(), m["content"].get<std::string>());
         if (m.contains("tool_calls"))

@@ -27,7 +27,7 @@ public:
     std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const override;
     // "<|system|>...\n<|user|>...\n" ... "<|assistant|>"; tools as "<|tools|>[json]\n". Throws scr::Error
     // when a system message is not first (as many real templates do).
-    std::string render_chat(const nlohmann::json& context) const override;
+    std::string render_chat(const nlohmann::ordered_json& context) const override;
     int vocab_size() const override { return 256 + kOffset; }
 };
 

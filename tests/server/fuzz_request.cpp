@@ -58,7 +58,7 @@ bool fuzz_one_request(const uint8_t* data, size_t size) {
     const ServingContext& ctx = fuzz_context();
     const std::string_view body(reinterpret_cast<const char*>(data) + 1, size - 1);
     try {
-        const nlohmann::json j = parse_json_body(body);
+        const RequestJson j = parse_json_body(body);
         switch (data[0] % 6) {
             case 0: exercise_writer(parse_chat_request(j, ctx), ctx, data[0]); break;
             case 1: exercise_writer(parse_completion_request(j, ctx), ctx, data[0]); break;

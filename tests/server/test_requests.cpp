@@ -43,7 +43,7 @@ protected:
 };
 
 TEST_F(Requests, ChatRendersTheTemplateAndMapsSamplingFields) {
-    const auto job = parse_chat_request(json::parse(R"({
+    const auto job = parse_chat_request(RequestJson::parse(R"({
         "model": "m", "messages": [{"role": "system", "content": "be brief"},
                                    {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]}],
         "temperature": 0.2, "top_p": 0.9, "top_k": 5, "min_p": 0.05, "repetition_penalty": 1.1,
@@ -75,7 +75,7 @@ TEST_F(Requests, ChatRendersTheTemplateAndMapsSamplingFields) {
 }
 
 TEST_F(Requests, ChatDefaultsComeFromTheModelAndFillTheContext) {
-    const auto job = parse_chat_request(json::parse(R"({"messages": [{"role": "user", "content": "hi"}]})"), ctx);
+    const auto job = parse_chat_request(RequestJson::parse(R"({"messages": [{"role": "user", "content": "hi"}]})"), ctx);
     EXPECT_FLOAT_EQ(job.params.temperature, 0.7f);  // generation_config default, not 1.0
     const int prompt_len = int(job.prompts[0].size());
     EXPECT_EQ(job.params.max_tokens, ctx.max_model_len - prompt_len);
@@ -85,13 +85,13 @@ TEST_F(Requests, ChatDefaultsComeFromTheModelAndFillTheContext) {
 
 TEST_F(Requests, MaxCompletionTokensWinsOverMaxTokens) {
     const auto job = parse_chat_request(
-        json::parse(R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 9, "max_completion_tokens": 7})"),
+        RequestJson::parse(R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 9, "max_completion_tokens": 7})"),
         ctx);
     EXPECT_EQ(job.params.max_tokens, 7);
 }
 
 TEST_F(Requests, ToolsAreRenderedAndParsedWithTheModelsFormat) {
-    const auto job = parse_chat_request(json::parse(R"({
+    const auto job = parse_chat_request(RequestJson::parse(R"({
         "messages": [{"role": "user", "content": "weather?"},
                      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
                         "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
@@ -100,23 +100,24 @@ TEST_F(Requests, ToolsAreRenderedAndParsedWithTheModelsFormat) {
                                         ctx);
     EXPECT_EQ(job.tool_format, ToolCallFormat::hermes);
     const std::string prompt = text.decode(job.prompts[0], false);
-    EXPECT_NE(prompt.find("<|tools|>[{\"function\":{\"name\":\"get_weather\""), std::string::npos) << prompt;
+    EXPECT_NE(prompt.find("<|tools|>[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\""),
+              std::string::npos) << prompt;  // the client's key order
     // The assistant's arguments reach the template as an object, not as a JSON string.
-    EXPECT_NE(prompt.find("<tool_call>{\"arguments\":{\"city\":\"Paris\"},\"name\":\"get_weather\"}</tool_call>"),
+    EXPECT_NE(prompt.find("<tool_call>{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}</tool_call>"),
               std::string::npos) << prompt;
     EXPECT_NE(prompt.find("<|tool|>sunny"), std::string::npos);
 
-    const auto none = parse_chat_request(json::parse(R"({"messages": [{"role": "user", "content": "x"}],
+    const auto none = parse_chat_request(RequestJson::parse(R"({"messages": [{"role": "user", "content": "x"}],
         "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none"})"), ctx);
     EXPECT_EQ(none.tool_format, ToolCallFormat::none);
     EXPECT_EQ(text.decode(none.prompts[0], false).find("<|tools|>"), std::string::npos);
 }
 
 TEST_F(Requests, ChatTemplateKwargsAndContinueFinalMessage) {
-    auto job = parse_chat_request(json::parse(R"({"messages": [{"role": "user", "content": "q"}],
+    auto job = parse_chat_request(RequestJson::parse(R"({"messages": [{"role": "user", "content": "q"}],
         "chat_template_kwargs": {"enable_thinking": false}})"), ctx);
     EXPECT_EQ(text.decode(job.prompts[0], false).rfind("<|no_think|>", 0), 0u);
-    job = parse_chat_request(json::parse(R"({"messages": [{"role": "user", "content": "q"},
+    job = parse_chat_request(RequestJson::parse(R"({"messages": [{"role": "user", "content": "q"},
         {"role": "assistant", "content": "The answer is"}], "continue_final_message": true,
         "add_generation_prompt": false})"), ctx);
     EXPECT_EQ(text.decode(job.prompts[0], false), "<|user|>q\n<|assistant|>The answer is");
@@ -201,10 +202,10 @@ TEST_F(Requests, UnsupportedAndUnknownParameters) {
     EXPECT_EQ(unknown.param, "temprature");
     EXPECT_EQ(unknown.code, "unknown_parameter");
     // Response-only fields clients echo back inside messages are accepted.
-    EXPECT_NO_THROW(parse_chat_request(json::parse(R"({"messages": [{"role": "user", "content": "x"},
+    EXPECT_NO_THROW(parse_chat_request(RequestJson::parse(R"({"messages": [{"role": "user", "content": "x"},
         {"role": "assistant", "content": "y", "refusal": null, "annotations": []}, {"role": "user", "content": "z"}]})"),
                                        ctx));
-    EXPECT_NO_THROW(parse_chat_request(json::parse(std::string(base) + R"("response_format": {"type": "text"}})"), ctx));
+    EXPECT_NO_THROW(parse_chat_request(RequestJson::parse(std::string(base) + R"("response_format": {"type": "text"}})"), ctx));
 }
 
 TEST_F(Requests, UnknownModelIs404) {
@@ -235,24 +236,24 @@ TEST_F(Requests, TemplateErrorsAre400) {
 }
 
 TEST_F(Requests, CompletionPromptShapes) {
-    auto job = parse_completion_request(json::parse(R"({"prompt": "ab", "echo": true})"), ctx);
+    auto job = parse_completion_request(RequestJson::parse(R"({"prompt": "ab", "echo": true})"), ctx);
     ASSERT_EQ(job.prompts.size(), 1u);
     EXPECT_EQ(job.prompts[0], (std::vector<int32_t>{ByteText::kBos, 'a' + 2, 'b' + 2}));  // add_special_tokens
     EXPECT_EQ(job.params.max_tokens, 16);  // OpenAI's completions default
     EXPECT_EQ(job.echo_prefixes[0], "ab");
 
-    job = parse_completion_request(json::parse(R"({"prompt": ["x", [7, 8, 9]], "n": 2, "add_special_tokens": false})"), ctx);
+    job = parse_completion_request(RequestJson::parse(R"({"prompt": ["x", [7, 8, 9]], "n": 2, "add_special_tokens": false})"), ctx);
     ASSERT_EQ(job.prompts.size(), 2u);
     EXPECT_EQ(job.prompts[0], std::vector<int32_t>{'x' + 2});
     EXPECT_EQ(job.prompts[1], (std::vector<int32_t>{7, 8, 9}));
     EXPECT_EQ(job.num_choices(), 4);
 
-    job = parse_completion_request(json::parse(R"({"prompt": [5, 6], "max_tokens": 3, "logprobs": 2})"), ctx);
+    job = parse_completion_request(RequestJson::parse(R"({"prompt": [5, 6], "max_tokens": 3, "logprobs": 2})"), ctx);
     EXPECT_EQ(job.prompts[0], (std::vector<int32_t>{5, 6}));
     EXPECT_EQ(job.params.logprobs, 2);
 
     auto err = [&](const char* body) {
-        return error_of([&] { parse_completion_request(json::parse(body), ctx); });
+        return error_of([&] { parse_completion_request(RequestJson::parse(body), ctx); });
     };
     EXPECT_EQ(err(R"({})").param, "prompt");
     EXPECT_EQ(err(R"({"prompt": []})").param, "prompt");
@@ -266,7 +267,7 @@ TEST_F(Requests, CompletionPromptShapes) {
 }
 
 TEST_F(Requests, AnthropicMessages) {
-    const auto job = parse_messages_request(json::parse(R"({
+    const auto job = parse_messages_request(RequestJson::parse(R"({
         "model": "m", "max_tokens": 20, "system": [{"type": "text", "text": "sys"}],
         "messages": [{"role": "user", "content": "weather?"},
                      {"role": "assistant", "content": [{"type": "text", "text": "checking"},
@@ -281,15 +282,15 @@ TEST_F(Requests, AnthropicMessages) {
     EXPECT_TRUE(job.stream);
     EXPECT_EQ(job.tool_format, ToolCallFormat::hermes);
     const std::string prompt = text.decode(job.prompts[0], false);
-    EXPECT_EQ(prompt.rfind("<|tools|>[{\"function\":{\"description\":\"d\",\"name\":\"get_weather\","
-                           "\"parameters\":{\"type\":\"object\"}},\"type\":\"function\"}]\n<|system|>sys\n", 0), 0u)
+    EXPECT_EQ(prompt.rfind("<|tools|>[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"d\","
+                           "\"parameters\":{\"type\":\"object\"}}}]\n<|system|>sys\n", 0), 0u)
         << prompt;
-    EXPECT_NE(prompt.find("<|assistant|>checking<tool_call>{\"arguments\":{\"city\":\"Oslo\"},\"name\":\"get_weather\"}"),
+    EXPECT_NE(prompt.find("<|assistant|>checking<tool_call>{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}"),
               std::string::npos) << prompt;
     EXPECT_NE(prompt.find("<|tool|>cold\n"), std::string::npos);
 
     auto err = [&](const char* body) {
-        return error_of([&] { parse_messages_request(json::parse(body), ctx); });
+        return error_of([&] { parse_messages_request(RequestJson::parse(body), ctx); });
     };
     EXPECT_EQ(err(R"({"messages": [{"role": "user", "content": "x"}]})").param, "max_tokens");
     EXPECT_EQ(err(R"({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]})").param, "messages[0].role");
@@ -302,16 +303,16 @@ TEST_F(Requests, AnthropicMessages) {
 }
 
 TEST_F(Requests, TokenizeAndDetokenize) {
-    auto t = tokenize_response(json::parse(R"({"prompt": "hi", "add_special_tokens": false, "return_token_strs": true})"), ctx);
+    auto t = tokenize_response(RequestJson::parse(R"({"prompt": "hi", "add_special_tokens": false, "return_token_strs": true})"), ctx);
     EXPECT_EQ(t["tokens"], json({'h' + 2, 'i' + 2}));
     EXPECT_EQ(t["count"], 2);
     EXPECT_EQ(t["max_model_len"], 400);
     EXPECT_EQ(t["token_strs"], json({"h", "i"}));
-    auto chat = tokenize_response(json::parse(R"({"messages": [{"role": "user", "content": "x"}]})"), ctx);
+    auto chat = tokenize_response(RequestJson::parse(R"({"messages": [{"role": "user", "content": "x"}]})"), ctx);
     EXPECT_EQ(chat["count"], std::string("<|user|>x\n<|assistant|>").size());
-    EXPECT_EQ(detokenize_response(json::parse(R"({"tokens": [106, 107]})"), ctx)["prompt"], "hi");
-    EXPECT_EQ(error_of([&] { detokenize_response(json::parse(R"({"tokens": [1, "a"]})"), ctx); }).param, "tokens");
-    EXPECT_EQ(error_of([&] { tokenize_response(json::parse(R"({})"), ctx); }).param, "prompt");
+    EXPECT_EQ(detokenize_response(RequestJson::parse(R"({"tokens": [106, 107]})"), ctx)["prompt"], "hi");
+    EXPECT_EQ(error_of([&] { detokenize_response(RequestJson::parse(R"({"tokens": [1, "a"]})"), ctx); }).param, "tokens");
+    EXPECT_EQ(error_of([&] { tokenize_response(RequestJson::parse(R"({})"), ctx); }).param, "prompt");
 }
 
 TEST_F(Requests, ApiKey) {

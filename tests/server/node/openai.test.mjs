@@ -200,7 +200,7 @@ describe('errors surface as the SDK error classes', () => {
                   OpenAI.BadRequestError, (e) => assert.equal(e.code, 'unknown_parameter'));
     await rejects(client.chat.completions.create({ model: server.model, messages: say('x'), stream: true, n: 'two' }),
                   OpenAI.BadRequestError, (e) => assert.equal(e.param, 'n'));
-    await rejects(client.completions.create({ model: server.model, prompt: 'a'.repeat(server.maxModelLen + 10) }),
+    await rejects(client.completions.create({ model: server.model, prompt: 'hello world '.repeat(server.maxModelLen) }),
                   OpenAI.BadRequestError, (e) => assert.equal(e.code, 'context_length_exceeded'));
   });
 
