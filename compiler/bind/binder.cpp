@@ -272,6 +272,13 @@ private:
                 return eval(*e.args[0], &dims);
             }
             case ExprKind::call: return eval_call(e, shape);
+            case ExprKind::index: {
+                Val xs = eval(*e.args[0]), i = eval(*e.args[1]);
+                if (xs.kind != Val::list) err(e.loc, fmt::format("`[]` needs a list on the left, got {}", kind_name(xs.kind)));
+                if (i.kind != Val::number || !i.is_int || i.num < 0 || i.num >= double(xs.items.size()))
+                    err(e.args[1]->loc, fmt::format("index {} is outside the list of {} items", val_text(i), xs.items.size()));
+                return xs.items[size_t(i.num)];
+            }
         }
         err(e.loc, "unsupported expression");
     }
@@ -489,6 +496,11 @@ private:
         for (auto& [k, x] : e.kwargs) a.kw[k] = eval(*x);
         Val r;
         const std::string& f = e.text;
+        if (f == "len") {  // compile-time: the length of a list
+            const Val& xs = a.at(0, "list");
+            if (xs.kind != Val::list) err(e.loc, fmt::format("len() needs a list, got {}", kind_name(xs.kind)));
+            return Val::of_number(double(xs.items.size()), true);
+        }
         if (f == "embed") r = op_embed(a);
         else if (f == "rmsnorm") r = op_rmsnorm(a);
         else if (f == "linear") r = op_linear(a, shape);
@@ -675,11 +687,28 @@ private:
             err(loc, "attention() needs [heads, head_dim]-shaped q, k, v (annotate the projections)");
         if (qd[1] != kd[1]) err(loc, fmt::format("attention(): q head_dim {} != k head_dim {}", qd[1], kd[1]));
         if (kd[0] != vd[0]) err(loc, fmt::format("attention(): {} key heads but {} value heads", kd[0], vd[0]));
+        if (vd[1] != kd[1]) err(loc, fmt::format("attention(): value head_dim {} != key head_dim {}", vd[1], kd[1]));
         if (qd[0] % kd[0] != 0)
             err(loc, fmt::format("attention(): {} query heads are not a multiple of {} kv heads", qd[0], kd[0]));
         double scale = 1.0 / std::sqrt(double(qd[1]));
         if (auto s = a.key("scale")) scale = num_arg(loc, *s, "attention()'s scale");
+        // window=N: a token sees itself and the N-1 before it (transformers' sliding_window); 0: all.
+        int64_t window = 0;
+        if (auto w = a.key("window")) window = int_arg(loc, *w, "attention()'s window");
+        if (window < 0) err(loc, fmt::format("attention(): window {} must be >= 0 (0: no window)", window));
+        // softcap=c: scores become c * tanh(score / c) (Gemma 2); 0: none.
+        double softcap = 0;
+        if (auto c = a.key("softcap")) softcap = num_arg(loc, *c, "attention()'s softcap");
+        if (softcap < 0) err(loc, fmt::format("attention(): softcap {} must be >= 0 (0: none)", softcap));
         ir::Op op = make_op(ir::OpKind::attention, loc);
+        // sinks=path: one learned logit per query head that joins the softmax with no value (GPT-OSS).
+        if (auto s = a.key("sinks"))
+            op.weights.push_back(tensor(loc, path_arg(loc, *s, "attention()'s sinks"), {qd[0]}, ir::TensorRole::bias));
+        else
+            op.weights.push_back(-1);
+        op.attr["window"] = double(window);
+        op.attr["softcap"] = softcap;
+        op.attr["sinks"] = op.weights[0] >= 0 ? 1.0 : 0.0;
         op.in = {q, k, v};
         op.out = {new_value({qd[0], vd[1]}, ir::Rows::tokens)};
         op.attr["q_heads"] = double(qd[0]);
@@ -691,6 +720,7 @@ private:
         ir::KvLayout kv;
         kv.kv_heads = int(kd[0]);
         kv.head_dim = int(qd[1]);
+        kv.window = int(window);
         g().kv.push_back(kv);
         g().ops.push_back(op);
         return act(op.out[0]);

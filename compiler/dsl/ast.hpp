@@ -33,6 +33,7 @@ enum class ExprKind {
     ternary,    // c ? a : b
     fallback,   // a | b : a when the config has it (and not null), else b
     shaped,     // e : [d0, d1]  (output shape of a producing call, without the token dim)
+    index,      // a[i]  (an item of a compile-time list, e.g. layer_types[l])
 };
 
 struct Expr {

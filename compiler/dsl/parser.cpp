@@ -383,6 +383,15 @@ private:
 
     ExprPtr parse_postfix() {
         auto e = parse_primary();
+        // `xs[i]`: an item of a compile-time list, e.g. layer_types[l].
+        while (at_op("[")) {
+            auto ix = make(ExprKind::index, loc());
+            ++i_;
+            ix->args.push_back(std::move(e));
+            ix->args.push_back(parse_expr());
+            expect_op("]");
+            e = std::move(ix);
+        }
         // `expr : [d0, d1]` gives a producing call its output shape (the token dim is implicit).
         if (at_op(":") && toks_[i_ + 1].kind == Tok::op && toks_[i_ + 1].text == "[") {
             auto s = make(ExprKind::shaped, loc());

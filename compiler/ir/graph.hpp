@@ -50,6 +50,7 @@ enum class OpKind {
     linear_swiglu,  // y = silu(x Wg^T) * (x Wu^T)        (fused from silu, mul, two linears)
     rope,           // rotate q and k in place (neox layout, rotate_half)
     attention,      // append k, v to this layer's KV blocks; causal attention over the sequence
+                    // attr: scale, window (0 = all), softcap (0 = none), sinks (1: weights[0] = [q_heads] logits)
     moe,            // router softmax top-k, expert SwiGLU MLPs, weighted sum
     add, mul, silu, // elementwise
     gather_rows,    // tokens -> logit rows
@@ -76,6 +77,7 @@ struct Op {
 struct KvLayout {
     int kv_heads = 0, head_dim = 0;
     int64_t k_offset = 0, v_offset = 0;  // bytes inside one block
+    int window = 0;                      // sliding window in tokens (0: the whole sequence)
 };
 
 struct Graph {

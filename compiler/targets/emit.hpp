@@ -18,6 +18,8 @@ struct Sizes {
 };
 
 Sizes sizes_of(const bind::Bound& b);
+// ModelInfo::sliding_window: the largest window when every attention layer has one, else 0.
+int freeable_window(const ir::Graph& g);
 std::string plan_text(const bind::Bound& b, const Sizes& s);
 std::string info_tables(const bind::Bound& b, const Sizes& s, const std::string& target);
 std::string symbol_for(const bind::Bound& b, const std::string& target);

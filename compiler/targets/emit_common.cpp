@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 
 namespace scr::emit {
@@ -31,6 +32,15 @@ std::string symbol_for(const bind::Bound& b, const std::string& target) {
     for (auto& c : s)
         if (!std::isalnum((unsigned char)c)) c = '_';
     return "m_" + s;
+}
+
+int freeable_window(const ir::Graph& g) {
+    int w = 0;
+    for (auto& kv : g.kv) {
+        if (kv.window <= 0) return 0;  // a full-attention layer keeps every block alive
+        w = std::max(w, kv.window);
+    }
+    return w;
 }
 
 Sizes sizes_of(const bind::Bound& b) {
@@ -81,6 +91,11 @@ std::string plan_text(const bind::Bound& b, const Sizes& s) {
     o += fmt::format("kv cache: {} bytes per token, block of {} tokens = {} bytes, {} attention layers, dtype {}\n",
                      s.kv_bytes_per_token, b.params.block_size, s.kv_block_bytes, g.kv.size(),
                      dtype_name(b.preset.kv_cache));
+    std::vector<int> windows;
+    for (auto& kv : g.kv) windows.push_back(kv.window);
+    if (std::any_of(windows.begin(), windows.end(), [](int w) { return w > 0; }))
+        o += fmt::format("sliding windows per layer (0 = full): [{}]; blocks freeable behind a window of {}\n",
+                         fmt::join(windows, ", "), freeable_window(g));
     o += fmt::format("scratch: {} bytes ({:.1f} MiB) for up to {} tokens and {} logit rows per step\n", s.scratch_bytes,
                      s.scratch_bytes / 1048576.0, b.params.max_batch_tokens, b.params.max_logit_rows);
     o += "ops (layer, op, output [rows x shape] @ scratch float offset):\n";
@@ -133,7 +148,8 @@ std::string info_tables(const bind::Bound& b, const Sizes& s, const std::string&
                      dtype_name(b.preset.kv_cache), s.kv_bytes_per_token, s.kv_block_bytes);
     o += fmt::format("    .weight_bytes = {}, .scratch_bytes = {}, .active_weight_bytes = {},\n", s.weight_bytes,
                      s.scratch_bytes, s.active_weight_bytes);
-    o += "    .tensors = kTensors, .config_keys = kConfigKeys, .plan_text = kPlan,\n};\n";
+    o += fmt::format("    .tensors = kTensors, .config_keys = kConfigKeys, .plan_text = kPlan, .sliding_window = {},\n}};\n",
+                     freeable_window(g));
     return o;
 }
 

@@ -66,6 +66,13 @@ struct ModelInfo {
     std::span<const TensorSpec> tensors;
     std::span<const ConfigKey> config_keys;
     std::string_view plan_text;   // human-readable plan (ops, shapes, scratch offsets) for `scr info`
+
+    // > 0 when EVERY attention layer sees at most this many tokens (itself included): a step whose
+    // first new token is at position P never reads blocks wholly before P - sliding_window + 1, so
+    // the KV manager may free them (vLLM's SlidingWindowManager.remove_skipped_blocks); their
+    // block-table entries must still name a valid block (e.g. a reserved null block).
+    // 0: some layer reads the whole sequence (full attention, or a hybrid of both), keep every block.
+    int sliding_window = 0;
 };
 
 // One flattened step, laid out as vLLM's model runner lays it out
