@@ -5,6 +5,8 @@
 
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <random>
 
 #include "cli/command.hpp"
@@ -14,6 +16,19 @@
 
 namespace scr::cli {
 namespace {
+
+// Resident kB of this process from /proc/self/status (RssAnon, RssFile), -1 when unknown.
+int64_t status_kb(const char* key) {
+    std::FILE* f = std::fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    int64_t v = -1;
+    const size_t n = std::strlen(key);
+    while (std::fgets(line, sizeof line, f))
+        if (std::strncmp(line, key, n) == 0 && line[n] == ':') v = std::atoll(line + n + 1);
+    std::fclose(f);
+    return v;
+}
 
 std::vector<int32_t> parse_ids(const std::string& text) {
     std::vector<int32_t> ids;
@@ -87,6 +102,16 @@ void setup(CLI::App& app) {
             fmt::print("loaded from {}: {} bytes mapped with no copy, {} bytes converted at load, {} bytes copied to huge pages, {:.3f} s\n",
                        lm.dir.string(), lm.weights->mapped_bytes(), lm.weights->converted_bytes(),
                        lm.weights->huge_page_bytes(), lm.load_seconds);
+            // Measured against the plan: one decode step, then what the process holds.
+            {
+                SequenceRunner run(*lm.model, 1);
+                int32_t id = int32_t(std::max<int64_t>(m.bos_token_id, 0));
+                run.feed(std::span<const int32_t>(&id, 1));
+            }
+            fmt::print("measured after one decode step: anonymous resident {:.1f} MiB (planned scratch {:.1f} MiB + "
+                       "converted weights {:.1f} MiB + runtime), file-backed resident {:.1f} MiB (mapped weights)\n",
+                       status_kb("RssAnon") / 1024.0, m.scratch_bytes / 1048576.0,
+                       lm.weights->converted_bytes() / 1048576.0, status_kb("RssFile") / 1024.0);
         });
     }
 
