@@ -87,6 +87,11 @@ public:
         req.id = fmt::format("chat-{}", turn_++);
         req.prompt_ids = lm_.tokenizer->encode(render(), /*add_special_tokens=*/false);
         req.params = params_;
+        if (int(req.prompt_ids.size()) >= engine_->config().max_model_len) {
+            messages_.pop_back();
+            fail("the conversation is {} tokens, and the model's context is {}: /reset to start over",
+                 req.prompt_ids.size(), engine_->config().max_model_len);
+        }
         std::string reply;
         RequestOutput last;
         const auto t0 = std::chrono::steady_clock::now();
@@ -216,7 +221,12 @@ void setup(CLI::App& app) {
             if (line == "/exit" || line == "/quit") break;
             if (line == "/reset") { chat.reset(); continue; }
             if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-            chat.answer(line);
+            try {
+                chat.answer(line);
+            } catch (const Error& e) {  // keep the conversation going
+                std::fflush(stdout);
+                fmt::print(stderr, "error: {}\n", e.what());
+            }
         }
         if (tty) fmt::print(stderr, "\n");
     });

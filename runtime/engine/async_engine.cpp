@@ -1,6 +1,7 @@
 // AsyncEngine: the Engine loop on its own thread. submit/abort/stats/drain may be called from any
 // thread; they only touch the inbox under a mutex. Outputs are delivered on the engine thread.
 #include <chrono>
+#include <cstdio>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -62,7 +63,13 @@ struct AsyncEngine::Impl {
             for (auto& id : new_aborts) engine.abort(id);
             new_aborts.clear();
             if (abort_all || stop) engine.abort_all();
-            if (!stop && engine.has_unfinished()) engine.step();
+            if (!stop && engine.has_unfinished()) {
+                try {
+                    engine.step();
+                } catch (const std::exception& e) {  // a throwing callback must not kill the server
+                    std::fprintf(stderr, "AsyncEngine: step failed: %s\n", e.what());
+                }
+            }
             {
                 std::lock_guard lock(mu);
                 snapshot = engine.stats();
