@@ -428,6 +428,23 @@ private:
     }
 
     Val tensor_binary(const Expr& e, const std::string& op, const Val& a, const Val& b) {
+        // tensor * number, number * tensor, tensor / number: one `scale` op with the factor as a constant.
+        const bool a_num = a.kind == Val::number, b_num = b.kind == Val::number;
+        if ((op == "*" && (a_num || b_num)) || (op == "/" && b_num)) {
+            const Val& t = a_num ? b : a;
+            double f = a_num ? a.num : b.num;
+            if (op == "/") {
+                if (f == 0) err(e.loc, "division of a tensor by zero");
+                f = 1.0 / f;
+            }
+            int x = input(e.loc, t, "scaled operand");
+            ir::Op o = make_op(ir::OpKind::scale, e.loc);
+            o.in = {x};
+            o.attr["factor"] = f;
+            o.out = {new_value(g().values[x].dims, g().values[x].rows)};
+            g().ops.push_back(o);
+            return act(o.out[0]);
+        }
         if (a.kind != Val::act || b.kind != Val::act)
             err(e.loc, fmt::format("`{}` between a tensor and {} is not supported", op,
                                    kind_name(a.kind == Val::act ? b.kind : a.kind)));

@@ -14,6 +14,7 @@ const char* op_name(OpKind k) {
         case OpKind::add: return "add";
         case OpKind::mul: return "mul";
         case OpKind::silu: return "silu";
+        case OpKind::scale: return "scale";
         case OpKind::gather_rows: return "gather_rows";
     }
     return "?";

@@ -53,6 +53,7 @@ enum class OpKind {
                     // attr: scale, window (0 = all), softcap (0 = none), sinks (1: weights[0] = [q_heads] logits)
     moe,            // router softmax top-k, expert SwiGLU MLPs, weighted sum
     add, mul, silu, // elementwise
+    scale,          // y = x * attr factor (a compile-time number: Granite's multipliers, Gemma's sqrt(hidden))
     gather_rows,    // tokens -> logit rows
 };
 

@@ -103,6 +103,7 @@ int inplace_input(const ir::Op& op, size_t out_index) {
     switch (op.kind) {
         case ir::OpKind::rmsnorm:
         case ir::OpKind::silu:
+        case ir::OpKind::scale:
         case ir::OpKind::add:
         case ir::OpKind::mul: return out_index == 0 ? op.in[0] : -1;
         case ir::OpKind::rope: return op.in[out_index];

@@ -138,6 +138,9 @@ private:
                 return fmt::format("k::mul<{}>({}, {}, {}, {}, P);", g_.values[o0].width(), rows(o0), ptr(in[0]), ptr(in[1]), ptr(o0));
             case ir::OpKind::silu:
                 return fmt::format("k::silu<{}>({}, {}, {}, P);", g_.values[o0].width(), rows(o0), ptr(in[0]), ptr(o0));
+            case ir::OpKind::scale:
+                return fmt::format("k::scale<{}>({}, {}, {}, {}, P);", g_.values[o0].width(), rows(o0), ptr(in[0]),
+                                   float_literal(op.attr.at("factor")), ptr(o0));
             case ir::OpKind::gather_rows:
                 return fmt::format("k::gather_rows<{}>(R, b.logit_rows, {}, {});", g_.values[o0].width(), ptr(in[0]), ptr(o0));
         }

@@ -98,6 +98,14 @@ void silu(int rows, const float* x, float* out, ThreadPool& pool) {
     }, 1024);
 }
 
+// out = x * factor (a model constant).
+template <int W>
+void scale(int rows, const float* x, float factor, float* out, ThreadPool& pool) {
+    pool.parallel_for(int64_t(rows) * W, [&](int64_t s, int64_t e, int) {
+        for (int64_t i = s; i < e; ++i) out[i] = x[i] * factor;
+    }, 1024);
+}
+
 template <int W>
 void gather_rows(int rows, const int32_t* which, const float* in, float* out) {
     for (int r = 0; r < rows; ++r) std::memcpy(out + size_t(r) * W, in + size_t(which[r]) * W, sizeof(float) * W);
