@@ -681,9 +681,11 @@ std::string plan_spyre_text(const bind::Bound& b, const Plan& p) {
                      with_commas(d.activation_bytes), d.moe_bytes ? " + moe workspace " + with_commas(d.moe_bytes) : "",
                      with_commas(d.total - d.logits));
     const double pcie = 63.0e9;  // PCIe Gen5 x16, one direction
-    o += fmt::format("startup: uploads {} bytes of weights and tables once ({:.3f} s at the 63 GB/s of PCIe Gen5 x16); "
+    const double upload_s = double(d.weight_bytes + d.constants_bytes) / pcie;
+    o += fmt::format("startup: uploads {} bytes of weights and tables once ({} at the 63 GB/s of PCIe Gen5 x16); "
                      "decode reads {} bytes of weights per step\n",
-                     with_commas(d.weight_bytes + d.constants_bytes), double(d.weight_bytes + d.constants_bytes) / pcie,
+                     with_commas(d.weight_bytes + d.constants_bytes),
+                     upload_s < 0.1 ? fmt::format("{:.3f} ms", upload_s * 1e3) : fmt::format("{:.2f} s", upload_s),
                      with_commas(d.active_weight_bytes));
     o += fmt::format("kv cache: fp16, per layer K then V [kv_heads][{}][pad(head_dim)]: {} bytes per token, {} per block\n",
                      b.params.block_size, with_commas(d.kv_bytes_per_token), with_commas(d.kv_block_bytes));
