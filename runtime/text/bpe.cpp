@@ -4,6 +4,7 @@
 // an earlier merge are skipped when popped. Same result as re-scanning for the lowest-rank pair,
 // in O(n log n).
 #include <algorithm>
+#include <cstring>
 #include <functional>
 
 #include "runtime/core/error.hpp"
@@ -30,28 +31,40 @@ static size_t pow2_at_least(size_t n) {
 
 void TokenIndex::build(const TokenTable& table, const std::vector<int32_t>& ids) {
     table_ = &table;
-    slots_.assign(pow2_at_least(ids.size() * 2 + 16), -1);
+    slots_.assign(pow2_at_least(ids.size() + ids.size() / 2 + 16), Slot{0, -1, 0, 0});
     mask_ = slots_.size() - 1;
-    for (int32_t id : ids) insert(table.get(id), id);
+    // Batches of hashes and prefetches ahead of the inserts, which are cache misses.
+    constexpr size_t kBatch = 32;
+    for (size_t base = 0; base < ids.size(); base += kBatch) {
+        const size_t end = std::min(ids.size(), base + kBatch);
+        for (size_t k = base; k < end; ++k) prefetch(hash(table.get(ids[k])));
+        for (size_t k = base; k < end; ++k) insert(table.get(ids[k]), ids[k]);
+    }
 }
 
-int32_t TokenIndex::find(std::string_view token) const {
+int32_t TokenIndex::find(std::string_view token, size_t h) const {
     if (slots_.empty()) return -1;
-    size_t i = std::hash<std::string_view>{}(token) & mask_;
+    const auto tag = static_cast<uint32_t>(h >> 32);
+    size_t i = h & mask_;
     while (true) {
-        const int32_t id = slots_[i];
-        if (id < 0) return -1;
-        if (table_->get(id) == token) return id;
+        const Slot& slot = slots_[i];
+        if (slot.id < 0) return -1;
+        if (slot.tag == tag && slot.length == token.size() &&
+            std::memcmp(table_->arena() + slot.offset, token.data(), token.size()) == 0)
+            return slot.id;
         i = (i + 1) & mask_;
     }
 }
 
 void TokenIndex::insert(std::string_view token, int32_t id) {
-    size_t i = std::hash<std::string_view>{}(token) & mask_;
+    const size_t h = hash(token);
+    const auto tag = static_cast<uint32_t>(h >> 32);
+    size_t i = h & mask_;
     while (true) {
-        int32_t& slot = slots_[i];
-        if (slot < 0 || table_->get(slot) == token) {
-            slot = id;  // a later duplicate wins, as in a JSON object read into a map
+        Slot& slot = slots_[i];
+        if (slot.id < 0 || (slot.tag == tag && table_->get(slot.id) == token)) {
+            const auto [offset, length] = table_->span(id);
+            slot = Slot{tag, id, offset, length};  // a later duplicate wins, as in a JSON object read into a map
             return;
         }
         i = (i + 1) & mask_;
@@ -59,8 +72,9 @@ void TokenIndex::insert(std::string_view token, int32_t id) {
 }
 
 void PairMap::reserve(size_t n) {
-    slots_.assign(pow2_at_least(n * 2 + 16), Entry{kEmpty, 0, 0});
+    slots_.assign(pow2_at_least(n + n / 2 + 16), Entry{kEmpty, 0, 0});
     mask_ = slots_.size() - 1;
+    shift_ = 64 - static_cast<unsigned>(__builtin_ctzll(slots_.size()));
     size_ = 0;
 }
 

@@ -511,6 +511,11 @@ private:
         Scope* parent = closure ? closure : &globals_;
         const std::string macro_name = n.type == Node::Type::Macro ? n.text : "caller";
         return make_function(macro_name, [this, node, parent, macro_name](CallArgs& a) -> Value {
+            if (call_depth_ >= kMaxCallDepth) eval_fail("macro calls nest too deep (recursion?)");
+            struct Depth {
+                int& d;
+                ~Depth() { --d; }
+            } depth{++call_depth_};
             Scope local;
             local.parent = parent;
             if (a.positional.size() > node->targets.size())
@@ -602,7 +607,7 @@ private:
                 const Value v = eval(*e.args[0], scope);
                 if (!v.is_number()) eval_fail("bad operand type for unary " + e.name + ": '" + v.type_name() + "'");
                 if (e.name == "+") return v.is_float() ? v : Value(v.as_int());
-                return v.is_float() ? Value(-v.as_double()) : Value(-v.as_int());
+                return v.is_float() ? Value(-v.as_double()) : Value(sub(0, v.as_int()));
             }
             case Expr::Type::Binary: return binary(e.name, eval(*e.args[0], scope), eval(*e.args[1], scope));
             case Expr::Type::And: {
@@ -661,6 +666,27 @@ private:
         eval_fail("unknown comparison " + op);
     }
 
+    static int64_t checked(bool overflow, int64_t r) {
+        if (overflow) eval_fail("integer overflow (Python ints are unbounded; this engine stops at 64 bits)");
+        return r;
+    }
+    static int64_t add(int64_t x, int64_t y) {
+        int64_t r;
+        const bool overflow = __builtin_add_overflow(x, y, &r);
+        return checked(overflow, r);
+    }
+    static int64_t sub(int64_t x, int64_t y) {
+        int64_t r;
+        const bool overflow = __builtin_sub_overflow(x, y, &r);
+        return checked(overflow, r);
+    }
+    static int64_t mul(int64_t x, int64_t y) {
+        int64_t r;
+        const bool overflow = __builtin_mul_overflow(x, y, &r);
+        return checked(overflow, r);
+    }
+    static constexpr size_t kMaxStringBytes = size_t{1} << 26;  // bound on what `*` may build
+
     static Value binary(const std::string& op, const Value& a, const Value& b) {
         if (op == "~") return Value(a.to_str() + b.to_str());
         const bool nums = a.is_number() && b.is_number();
@@ -669,7 +695,7 @@ private:
             eval_fail("unsupported operand type(s) for " + op + ": '" + a.type_name() + "' and '" + b.type_name() + "'");
         };
         if (op == "+") {
-            if (nums) return floats ? Value(a.as_double() + b.as_double()) : Value(a.as_int() + b.as_int());
+            if (nums) return floats ? Value(a.as_double() + b.as_double()) : Value(add(a.as_int(), b.as_int()));
             if (a.is_string() && b.is_string()) return Value(a.str() + b.str());
             if (a.is_array() && b.is_array()) {
                 Array r = a.array();
@@ -681,14 +707,16 @@ private:
         }
         if (op == "-") {
             if (!nums) return type_error();
-            return floats ? Value(a.as_double() - b.as_double()) : Value(a.as_int() - b.as_int());
+            return floats ? Value(a.as_double() - b.as_double()) : Value(sub(a.as_int(), b.as_int()));
         }
         if (op == "*") {
-            if (nums) return floats ? Value(a.as_double() * b.as_double()) : Value(a.as_int() * b.as_int());
+            if (nums) return floats ? Value(a.as_double() * b.as_double()) : Value(mul(a.as_int(), b.as_int()));
             const Value* seq = a.is_number() ? &b : &a;
             const Value* count = a.is_number() ? &a : &b;
             if (count->is_float() || !count->is_number()) return type_error();
             const int64_t n = std::max<int64_t>(0, count->as_int());
+            const size_t unit = seq->is_string() ? seq->str().size() : seq->is_array() ? seq->array().size() * 16 : 0;
+            if (unit > 0 && static_cast<uint64_t>(n) > kMaxStringBytes / unit) eval_fail("repetition result is too large");
             if (seq->is_string()) {
                 std::string r;
                 for (int64_t k = 0; k < n; ++k) r += seq->str();
@@ -711,6 +739,7 @@ private:
             if (b.as_double() == 0) eval_fail("integer division or modulo by zero");
             if (floats) return Value(std::floor(a.as_double() / b.as_double()));
             const int64_t x = a.as_int(), y = b.as_int();
+            if (x == INT64_MIN && y == -1) eval_fail("integer overflow");
             int64_t q = x / y;
             if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
             return Value(q);
@@ -724,15 +753,20 @@ private:
                 return Value(r);
             }
             const int64_t x = a.as_int(), y = b.as_int();
+            if (y == -1) return Value(int64_t{0});
             int64_t r = x % y;
             if (r != 0 && ((r < 0) != (y < 0))) r += y;
             return Value(r);
         }
         if (op == "**") {
             if (!floats && b.as_int() >= 0) {
-                int64_t r = 1;
-                for (int64_t k = 0; k < b.as_int(); ++k) r *= a.as_int();
-                return Value(r);
+                // Square-and-multiply with overflow checks (no loop over the exponent).
+                int64_t result = 1, base = a.as_int();
+                for (int64_t e = b.as_int(); e > 0; e >>= 1) {
+                    if (e & 1) result = mul(result, base);
+                    if (e > 1) base = mul(base, base);
+                }
+                return Value(result);
             }
             return Value(std::pow(a.as_double(), b.as_double()));
         }
@@ -1220,6 +1254,7 @@ private:
         }
         if (name == "indent") {
             const Value& width_v = arg_at(a, 0, "width", Value(int64_t{4}));
+            if (!width_v.is_string() && (width_v.as_int() < 0 || width_v.as_int() > 10000)) eval_fail("indent: bad width");
             const bool first = arg_at(a, 1, "first", vfalse).truthy();
             const bool blank = arg_at(a, 2, "blank", vfalse).truthy();
             const std::string indent = width_v.is_string() ? width_v.str() : std::string(static_cast<size_t>(width_v.as_int()), ' ');
@@ -1238,6 +1273,7 @@ private:
         }
         if (name == "center") {
             const int64_t width = arg_at(a, 0, "width", Value(int64_t{80})).as_int();
+            if (width > 100000) eval_fail("center: width is too large");
             const std::string s = v.to_str();
             const auto n = static_cast<int64_t>(utf8::count(s));
             if (n >= width) return Value(s);
@@ -1341,8 +1377,10 @@ private:
         eval_fail("unsupported test '" + name + "'");
     }
 
+    static constexpr int kMaxCallDepth = 64;
     const std::string& name_;
     Scope& globals_;
+    int call_depth_ = 0;
 };
 
 std::string strftime_now(const std::string& fmt_str) {

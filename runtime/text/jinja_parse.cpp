@@ -337,6 +337,16 @@ class Parser {
 public:
     Parser(std::vector<Token> tokens, std::string name) : t_(std::move(tokens)), name_(std::move(name)) {}
 
+    // Bounds recursion so hostile templates fail cleanly instead of overflowing the stack.
+    static constexpr int kMaxDepth = 200;
+    struct DepthGuard {
+        Parser& p;
+        DepthGuard(Parser& parser, int line) : p(parser) {
+            if (++p.depth_ > kMaxDepth) p.fail(line, "template nesting is too deep");
+        }
+        ~DepthGuard() { --p.depth_; }
+    };
+
     std::unique_ptr<Node> parse() {
         auto root = std::make_unique<Node>(Node::Type::Root, 1);
         std::string end = parse_body(root->body, {});
@@ -425,6 +435,7 @@ private:
     }
 
     std::unique_ptr<Node> parse_statement(const std::string& kw, int line) {
+        DepthGuard guard(*this, line);
         if (kw == "if") return parse_if(line);
         if (kw == "for") return parse_for(line);
         if (kw == "set") return parse_set(line);
@@ -603,6 +614,7 @@ private:
     }
 
     ExprPtr parse_expression(bool with_condexpr = true) {
+        DepthGuard guard(*this, peek().line);
         ExprPtr e = parse_or();
         if (!with_condexpr) return e;
         while (is_name("if")) {
@@ -639,6 +651,7 @@ private:
     }
 
     ExprPtr parse_not() {
+        DepthGuard guard(*this, peek().line);
         if (is_name("not")) {
             auto n = make(Expr::Type::Not, next().line);
             n->args.push_back(parse_not());
@@ -721,6 +734,7 @@ private:
     }
 
     ExprPtr parse_unary(bool with_filter = true) {
+        DepthGuard guard(*this, peek().line);
         ExprPtr e;
         if (is_op("-") || is_op("+")) {
             const Token& op = next();
@@ -920,6 +934,7 @@ private:
     std::vector<Token> t_;
     std::string name_;
     size_t pos_ = 0;
+    int depth_ = 0;
 };
 
 }  // namespace

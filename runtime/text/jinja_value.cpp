@@ -46,8 +46,13 @@ Value::Value(Array a) : kind_(Kind::Array), a_(std::make_shared<Array>(std::move
 Value::Value(Object o) : kind_(Kind::Object), o_(std::make_shared<Object>(std::move(o))) {}
 Value::Value(std::shared_ptr<Callable> c) : kind_(Kind::Callable), c_(std::move(c)) {}
 
+// Nesting limit for converting, printing and serializing values (hostile inputs, cycles made
+// through namespace attributes).
+constexpr int kMaxValueDepth = 256;
+
 template <typename J>
-static Value value_from_json(const J& j) {
+static Value value_from_json(const J& j, int depth = 0) {
+    if (depth > kMaxValueDepth) scr::fail("template context nests deeper than {} levels", kMaxValueDepth);
     switch (j.type()) {
         case nlohmann::json::value_t::null: return Value::none();
         case nlohmann::json::value_t::boolean: return Value(j.template get<bool>());
@@ -61,13 +66,13 @@ static Value value_from_json(const J& j) {
         case nlohmann::json::value_t::array: {
             Array a;
             a.reserve(j.size());
-            for (const auto& e : j) a.push_back(value_from_json(e));
+            for (const auto& e : j) a.push_back(value_from_json(e, depth + 1));
             return Value(std::move(a));
         }
         case nlohmann::json::value_t::object: {
             Object o;
             o.items.reserve(j.size());
-            for (auto it = j.begin(); it != j.end(); ++it) o.items.emplace_back(it.key(), value_from_json(it.value()));
+            for (auto it = j.begin(); it != j.end(); ++it) o.items.emplace_back(it.key(), value_from_json(it.value(), depth + 1));
             return Value(std::move(o));
         }
         default: return Value::none();
@@ -76,6 +81,19 @@ static Value value_from_json(const J& j) {
 
 Value Value::from_json(const nlohmann::json& j) { return value_from_json(j); }
 Value Value::from_json(const nlohmann::ordered_json& j) { return value_from_json(j); }
+
+namespace {
+thread_local int repr_depth = 0;
+struct ReprDepth {
+    ReprDepth() {
+        if (++repr_depth > kMaxValueDepth) {
+            repr_depth = 0;
+            scr::fail("value nests deeper than {} levels (a cycle?)", kMaxValueDepth);
+        }
+    }
+    ~ReprDepth() { if (repr_depth > 0) --repr_depth; }
+};
+}  // namespace
 
 const std::string& Value::undefined_hint() const {
     static const std::string empty;
@@ -191,6 +209,7 @@ std::string Value::to_str() const {
 }
 
 std::string Value::repr() const {
+    const ReprDepth guard;
     switch (kind_) {
         case Kind::String: return repr_string(*s_);
         case Kind::Array: {
@@ -274,6 +293,7 @@ static void json_string(std::string& out, const std::string& s, bool ensure_asci
 }
 
 void Value::dump_json(std::string& out, const JsonOptions& opt, int depth) const {
+    if (depth > kMaxValueDepth) scr::fail("tojson: value nests deeper than {} levels (a cycle?)", kMaxValueDepth);
     auto newline = [&](int d) {
         if (opt.indent < 0) return;
         out.push_back('\n');

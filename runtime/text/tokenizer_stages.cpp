@@ -867,8 +867,9 @@ std::unique_ptr<PostProcessor> make_post_processor(const json& j, const std::str
                 const json& ids_json = member(specials[name], "ids", at);
                 if (!ids_json.is_array()) scr::fail("{}: ids must be an array", at);
                 for (const auto& v : ids_json) {
-                    if (!v.is_number_integer()) scr::fail("{}: ids must be integers", at);
-                    ids.push_back(v.get<int32_t>());
+                    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+                        scr::fail("{}: ids must be non-negative 32-bit integers", at);
+                    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
                 }
             } else {
                 const int32_t id = vocab_index.find(name);
@@ -914,9 +915,10 @@ std::unique_ptr<PostProcessor> make_post_processor(const json& j, const std::str
         auto p = std::make_unique<WrapPostProcessor>();
         auto read = [&](const char* key) {
             const json& v = member(j, key, where);
-            if (!v.is_array() || v.size() != 2 || !v[1].is_number_integer())
+            if (!v.is_array() || v.size() != 2 || !v[1].is_number_integer() || v[1].get<int64_t>() < 0 ||
+                v[1].get<int64_t>() > INT32_MAX)
                 scr::fail("{}.{}: expected [token, id]", where, key);
-            return v[1].get<int32_t>();
+            return static_cast<int32_t>(v[1].get<int64_t>());
         };
         p->cls = read("cls");
         p->sep = read("sep");

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -34,6 +35,15 @@ inline std::string read_text(const std::filesystem::path& p) {
 inline nlohmann::ordered_json read_json(const std::filesystem::path& p) {
     if (!std::filesystem::exists(p)) throw std::runtime_error("missing reference file " + p.string() +
                                                              " (the text_refs CTest fixture makes it)");
+    return nlohmann::ordered_json::parse(read_text(p));
+}
+
+// Python-stack references (tokenizers + jinja2 as transformers sets it up), committed under
+// corpus/python_refs by tools/oracles/python_refs.py; where present they are the ground truth
+// (the JS oracle differs from Python in a few documented places, see docs/TEXT.md).
+inline std::optional<nlohmann::ordered_json> python_ref(const std::string& file) {
+    const auto p = corpus_dir() / "python_refs" / file;
+    if (!std::filesystem::exists(p)) return std::nullopt;
     return nlohmann::ordered_json::parse(read_text(p));
 }
 

@@ -20,13 +20,17 @@ models_dir, corpus_dir, out_dir = sys.argv[1:4]
 os.makedirs(out_dir, exist_ok=True)
 texts = json.load(open(os.path.join(corpus_dir, "texts.json"), encoding="utf-8"))
 MODELS = ["llama3", "llama3_1", "llama3_2", "qwen3", "qwen2_5", "gemma3", "llama2", "mistral_nemo"]
+have = lambda m: os.path.isdir(os.path.join(models_dir, f"tokenizer-{m}"))
 for m in MODELS:
+    if not have(m):
+        continue
     tok = Tokenizer.from_file(os.path.join(models_dir, f"tokenizer-{m}", "models", "tokenizer.json"))
     ids = [tok.encode(t, add_special_tokens=False).ids for t in texts]
     ids_special = [tok.encode(t, add_special_tokens=True).ids for t in texts]
     decoded = [tok.decode(x, skip_special_tokens=False) for x in ids]
     json.dump({"ids": ids, "ids_special": ids_special, "decoded": decoded},
-              open(os.path.join(out_dir, f"tokenize_{m}.json"), "w", encoding="utf-8"), ensure_ascii=False)
+              open(os.path.join(out_dir, f"tokenize_{m}.json"), "w", encoding="utf-8"), ensure_ascii=False,
+              separators=(",", ":"))
 
 # transformers/utils/chat_template_utils.py: _compile_jinja_template
 def raise_exception(message):
@@ -42,6 +46,8 @@ env.globals["strftime_now"] = strftime_now
 
 spec = json.load(open(os.path.join(corpus_dir, "conversations.json"), encoding="utf-8"))
 for c in spec["cases"]:
+    if not c["template"].endswith(".jinja") and not have(c["template"]):
+        continue
     cfg = {}
     if c["template"].endswith(".jinja"):
         source = open(os.path.join(corpus_dir, "templates", c["template"]), encoding="utf-8").read()
