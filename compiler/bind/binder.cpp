@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -85,6 +86,9 @@ struct RopeParams {
     double theta = 10000;
     int rotary_dim = 0;
     std::vector<float> inv_freq;
+    std::vector<float> long_inv_freq;  // longrope: used once a sequence is longer than long_after
+    int long_after = 0;
+    double mscale = 1.0;               // yarn / longrope attention factor (multiplies cos and sin)
 };
 
 class Executor {
@@ -518,14 +522,24 @@ private:
             if (xs.kind != Val::list) err(e.loc, fmt::format("len() needs a list, got {}", kind_name(xs.kind)));
             return Val::of_number(double(xs.items.size()), true);
         }
+        if (f == "sqrt" || f == "log") {  // compile-time math on config numbers
+            const Val& x = a.at(0, "number");
+            if (x.kind != Val::number || x.num <= 0 || (f == "sqrt" && x.num < 0))
+                err(e.loc, fmt::format("{}() needs a positive number, got {}", f, val_text(x)));
+            return Val::of_number(f == "sqrt" ? std::sqrt(x.num) : std::log(x.num), false);
+        }
+        if (f == "split") return op_split(a);
         if (f == "embed") r = op_embed(a);
         else if (f == "rmsnorm") r = op_rmsnorm(a);
         else if (f == "linear") r = op_linear(a, shape);
-        else if (f == "silu") r = op_silu(a);
+        else if (f == "silu") r = op_unary(a, ir::OpKind::silu);
+        else if (f == "gelu_tanh") r = op_unary(a, ir::OpKind::gelu_tanh);
+        else if (f == "softcap") r = op_softcap(a);
         else if (f == "rope") r = op_rope(a);
         else if (f == "attention") r = op_attention(a);
         else if (f == "moe") r = op_moe(a);
-        else err(e.loc, fmt::format("unknown op `{}` (ops: embed, rmsnorm, linear, silu, rope, attention, moe)", f));
+        else err(e.loc, fmt::format("unknown op `{}` (ops: embed, rmsnorm, linear, split, silu, gelu_tanh, softcap, rope, "
+                                    "attention, moe; compile-time: len, sqrt, log)", f));
         for (auto& [k, _] : a.kw)
             if (!a.used.count(k)) err(e.loc, fmt::format("{}() has no keyword argument `{}`", f, k));
         if (shape && f != "linear") {
@@ -555,12 +569,17 @@ private:
         int x = input(loc, a.at(0, "input"), "rmsnorm()'s input");
         std::string p = path_arg(loc, a.at(1, "weight"), "rmsnorm()'s weight");
         double eps = num_arg(loc, a.at(2, "epsilon"), "rmsnorm()'s epsilon");
+        // offset=1: the weight is stored as w - 1 (Gemma: x_normed * (1 + w)).
+        double offset = 0;
+        if (auto o = a.key("offset")) offset = num_arg(loc, *o, "rmsnorm()'s offset");
+        if (offset != 0 && offset != 1) err(loc, fmt::format("rmsnorm(): offset must be 0 or 1, got {}", offset));
         auto dims = g().values[x].dims;
         ir::Op op = make_op(ir::OpKind::rmsnorm, loc);
         op.in = {x};
         op.weights = {tensor(loc, p + ".weight", {dims.back()}, ir::TensorRole::norm)};
         op.attr["eps"] = eps;
         op.attr["dim"] = double(dims.back());
+        op.attr["offset"] = offset;
         op.out = {new_value(dims, g().values[x].rows)};
         g().ops.push_back(op);
         return act(op.out[0]);
@@ -587,60 +606,142 @@ private:
         return act(op.out[0]);
     }
 
-    Val op_silu(Args& a) {
+    // silu(x), gelu_tanh(x): elementwise activations.
+    Val op_unary(Args& a, ir::OpKind kind) {
         const auto& loc = a.call.loc;
-        int x = input(loc, a.at(0, "input"), "silu()'s input");
-        ir::Op op = make_op(ir::OpKind::silu, loc);
+        int x = input(loc, a.at(0, "input"), "the activation's input");
+        ir::Op op = make_op(kind, loc);
         op.in = {x};
         op.out = {new_value(g().values[x].dims, g().values[x].rows)};
         g().ops.push_back(op);
         return act(op.out[0]);
     }
 
-    RopeParams rope_params(const SourceLoc& loc, int64_t head_dim) {
-        RopeParams r;
-        // transformers >= 5 writes rope_parameters; older configs rope_theta + rope_scaling.
-        Val params = config_value("/rope_parameters");
-        std::string base;
-        json::json_pointer pp("/rope_parameters");
-        bool modern = config_.contains(pp) && config_.at(pp).is_object();
-        if (modern) {
-            base = "/rope_parameters";
-            Val t = config_value(base + "/rope_theta");
-            r.theta = t.kind == Val::number ? t.num : 10000.0;
-            Val ty = config_value(base + "/rope_type");
-            r.type = ty.kind == Val::string ? ty.str : "default";
-        } else {
-            Val t = config_value("/rope_theta");
-            r.theta = t.kind == Val::number ? t.num : 10000.0;
-            json::json_pointer sp("/rope_scaling");
-            bool scaled = config_.contains(sp) && config_.at(sp).is_object();
-            record("/rope_scaling", config_.contains(sp) ? &config_.at(sp) : nullptr);
-            if (scaled) {
-                base = "/rope_scaling";
-                Val ty = config_value(base + "/rope_type");
-                if (ty.kind != Val::string) ty = config_value(base + "/type");
-                r.type = ty.kind == Val::string ? ty.str : "default";
-            }
+    // softcap(x, c) = c * tanh(x / c) (Gemma 2's final logits).
+    Val op_softcap(Args& a) {
+        const auto& loc = a.call.loc;
+        int x = input(loc, a.at(0, "input"), "softcap()'s input");
+        double cap = num_arg(loc, a.at(1, "cap"), "softcap()'s cap");
+        if (cap <= 0) err(loc, fmt::format("softcap(): cap {} must be > 0", cap));
+        ir::Op op = make_op(ir::OpKind::softcap, loc);
+        op.in = {x};
+        op.attr["cap"] = cap;
+        op.out = {new_value(g().values[x].dims, g().values[x].rows)};
+        g().ops.push_back(op);
+        return act(op.out[0]);
+    }
+
+    // a, b, ... = split(x, [n_a, n_b, ...], dim=-1): consecutive pieces of one dim of x's per-row
+    // shape (a fused qkv or gate_up projection). One `slice` op (a strided copy) per piece.
+    Val op_split(Args& a) {
+        const auto& loc = a.call.loc;
+        int x = input(loc, a.at(0, "input"), "split()'s input");
+        const Val& sizes = a.at(1, "list of sizes");
+        if (sizes.kind != Val::list || sizes.items.empty()) err(loc, "split() needs a list of sizes");
+        auto dims = g().values[x].dims;
+        int64_t dim = int64_t(dims.size()) - 1;
+        if (auto d = a.key("dim")) dim = int_arg(loc, *d, "split()'s dim");
+        if (dim < 0) dim += int64_t(dims.size());
+        if (dim < 0 || dim >= int64_t(dims.size()))
+            err(loc, fmt::format("split(): dim is outside the input's {} dims", dims.size()));
+        for (auto& [k, _] : a.kw)
+            if (k != "dim") err(loc, fmt::format("split() has no keyword argument `{}`", k));
+        int64_t outer = 1, inner = 1, total = 0;
+        for (int64_t i = 0; i < dim; ++i) outer *= dims[size_t(i)];
+        for (size_t i = size_t(dim) + 1; i < dims.size(); ++i) inner *= dims[i];
+        Val out;
+        out.kind = Val::tuple;
+        for (auto& s : sizes.items) {
+            int64_t n = int_arg(loc, s, "a split size");
+            if (n < 1) err(loc, "split(): sizes must be positive");
+            auto od = dims;
+            od[size_t(dim)] = n;
+            ir::Op op = make_op(ir::OpKind::slice, loc);
+            op.in = {x};
+            op.attr["outer"] = double(outer);                     // runs per row
+            op.attr["stride"] = double(dims[size_t(dim)] * inner);  // floats between runs in the input
+            op.attr["offset"] = double(total * inner);             // first float of the piece in a run
+            op.attr["len"] = double(n * inner);                    // floats per run
+            op.out = {new_value(od, g().values[x].rows)};
+            g().ops.push_back(op);
+            out.items.push_back(act(op.out[0]));
+            total += n;
         }
-        Val prf = config_value("/partial_rotary_factor");
-        double factor_rot = prf.kind == Val::number ? prf.num : 1.0;
+        if (total != dims[size_t(dim)])
+            err(loc, fmt::format("split(): sizes add up to {} but the dim has {}", total, dims[size_t(dim)]));
+        return out;
+    }
+
+    // The rope parameter set, as transformers 5 standardizes it (modeling_rope_utils
+    // standardize_rope_params): `rope_parameters` (one dict, or one per layer type when keyed by
+    // "full_attention"/"sliding_attention"), else the legacy `rope_theta` + `rope_scaling`. Frequencies
+    // are computed here once, as transformers computes them (float32 exponents).
+    RopeParams rope_params(const SourceLoc& loc, int64_t head_dim, const std::string& layer_type) {
+        RopeParams r;
+        auto object_at = [&](const std::string& ptr) {
+            json::json_pointer jp(ptr);
+            return config_.contains(jp) && config_.at(jp).is_object() && !config_.at(jp).empty();
+        };
+        std::string base;  // JSON pointer of the parameter dict ("" when the config has none)
+        bool legacy_local = false;
+        if (object_at("/rope_parameters")) {
+            base = "/rope_parameters";
+            const auto& rp = config_.at(json::json_pointer(base));
+            bool nested = rp.contains("full_attention") || rp.contains("sliding_attention");
+            if (nested) {
+                if (layer_type.empty())
+                    err(loc, "rope(): config.json has rope_parameters per layer type; pass layer_type=\"full_attention\" or \"sliding_attention\"");
+                if (!object_at(base + "/" + layer_type))
+                    err(loc, fmt::format("rope(): config.json has no rope_parameters for layer type \"{}\"", layer_type));
+                base += "/" + layer_type;
+            }
+            record("/rope_parameters", &rp);
+        } else {
+            record("/rope_parameters", nullptr);
+            json::json_pointer sp("/rope_scaling");
+            record("/rope_scaling", config_.contains(sp) ? &config_.at(sp) : nullptr);
+            // Gemma 3's legacy configs give local layers their own base: rope_local_base_freq.
+            legacy_local = layer_type == "sliding_attention" && config_value("/rope_local_base_freq").kind == Val::number;
+            if (object_at("/rope_scaling") && !legacy_local) base = "/rope_scaling";
+        }
+        auto key = [&](const char* k) { return base.empty() ? Val{} : config_value(base + "/" + k); };
+        auto number_or = [&](Val v, Val fallback, double dflt) {
+            return v.kind == Val::number ? v.num : fallback.kind == Val::number ? fallback.num : dflt;
+        };
+        r.theta = legacy_local ? config_value("/rope_local_base_freq").num
+                               : number_or(key("rope_theta"), config_value("/rope_theta"), 10000.0);
+        Val ty = key("rope_type");
+        if (ty.kind != Val::string) ty = key("type");
+        r.type = ty.kind == Val::string ? ty.str : "default";
+        if (r.type == "su") r.type = "longrope";  // Phi-3's early name
+        double factor_rot = number_or(key("partial_rotary_factor"), config_value("/partial_rotary_factor"), 1.0);
         r.rotary_dim = int(double(head_dim) * factor_rot);
         if (r.rotary_dim % 2 != 0 || r.rotary_dim < 2 || r.rotary_dim > head_dim)
             err(loc, fmt::format("rope(): rotary dimension {} (head_dim {} x partial_rotary_factor {}) must be even and within head_dim",
                                  r.rotary_dim, head_dim, factor_rot));
         const int dim = r.rotary_dim;
         // As transformers computes it: float32 exponent i/dim, then base ** exponent.
+        std::vector<float> pos_freq(size_t(dim / 2));
         r.inv_freq.resize(dim / 2);
         for (int i = 0; i < dim / 2; ++i) {
             float expo = float(2 * i) / float(dim);
+            pos_freq[size_t(i)] = float(std::pow(r.theta, double(expo)));
             r.inv_freq[i] = float(1.0 / std::pow(r.theta, double(expo)));
         }
-        auto num = [&](const char* key, std::optional<double> dflt) {
-            Val v = config_value(base + "/" + key);
+        auto num = [&](const char* k, std::optional<double> dflt) {
+            Val v = key(k);
             if (v.kind == Val::number) return v.num;
-            if (!dflt) err(loc, fmt::format("rope(): rope type \"{}\" needs \"{}\" in config.json", r.type, key));
+            if (!dflt) err(loc, fmt::format("rope(): rope type \"{}\" needs \"{}\" in config.json", r.type, k));
             return *dflt;
+        };
+        // Pretraining context of the scaled types: a top-level original_max_position_embeddings wins
+        // (Phi-3 keeps it there), then the dict's, then max_position_embeddings.
+        auto original_ctx = [&]() {
+            Val top = config_value("/original_max_position_embeddings");
+            if (top.kind == Val::number && base.find("/full_attention") == std::string::npos &&
+                base.find("/sliding_attention") == std::string::npos)
+                return top.num;
+            return num("original_max_position_embeddings", double(out_.max_position));
         };
         if (r.type == "default") {
         } else if (r.type == "linear") {
@@ -649,8 +750,7 @@ private:
         } else if (r.type == "llama3") {
             // transformers' _compute_llama3_parameters, evaluated once here.
             double factor = num("factor", std::nullopt), low = num("low_freq_factor", std::nullopt),
-                   high = num("high_freq_factor", std::nullopt),
-                   old_ctx = num("original_max_position_embeddings", std::nullopt);
+                   high = num("high_freq_factor", std::nullopt), old_ctx = original_ctx();
             double low_wavelen = old_ctx / low, high_wavelen = old_ctx / high;
             for (auto& x : r.inv_freq) {
                 double inv = x, wavelen = 2 * M_PI / inv;
@@ -662,13 +762,69 @@ private:
                 }
                 x = float(scaled);
             }
+        } else if (r.type == "yarn") {
+            // transformers' _compute_yarn_parameters: blend interpolated and extrapolated frequencies
+            // over a linear ramp between the correction dims; cos/sin scaled by the attention factor.
+            double old_ctx = original_ctx();
+            double factor = num("factor", double(out_.max_position) / old_ctx);
+            Val af = key("attention_factor"), ms = key("mscale"), msa = key("mscale_all_dim");
+            auto get_mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+            if (af.kind == Val::number) r.mscale = af.num;
+            else if (ms.kind == Val::number && msa.kind == Val::number && ms.num != 0 && msa.num != 0)
+                r.mscale = get_mscale(factor, ms.num) / get_mscale(factor, msa.num);
+            else r.mscale = get_mscale(factor, 1.0);
+            double beta_fast = num("beta_fast", 32.0), beta_slow = num("beta_slow", 1.0);
+            if (beta_fast == 0) beta_fast = 32.0;
+            if (beta_slow == 0) beta_slow = 1.0;
+            Val tr = key("truncate");
+            bool truncate = tr.kind == Val::boolean ? tr.num != 0 : true;
+            auto correction_dim = [&](double rotations) {
+                return (dim * std::log(old_ctx / (rotations * 2 * M_PI))) / (2 * std::log(r.theta));
+            };
+            double low = correction_dim(beta_fast), high = correction_dim(beta_slow);
+            if (truncate) { low = std::floor(low); high = std::ceil(high); }
+            low = std::max(low, 0.0);
+            high = std::min(high, double(dim - 1));
+            if (low == high) high += 0.001;
+            for (int i = 0; i < dim / 2; ++i) {
+                float ramp = std::clamp(float((float(i) - float(low)) / float(high - low)), 0.0f, 1.0f);
+                float extra = 1.0f - ramp;  // weight of the extrapolated (unscaled) frequency
+                float interp = 1.0f / (float(factor) * pos_freq[size_t(i)]), extrap = 1.0f / pos_freq[size_t(i)];
+                r.inv_freq[size_t(i)] = interp * (1.0f - extra) + extrap * extra;
+            }
+        } else if (r.type == "longrope") {
+            // transformers' _compute_longrope_parameters: per-frequency divisors, short ones up to the
+            // pretraining context and long ones beyond; cos/sin scaled by the attention factor.
+            double old_ctx = original_ctx();
+            double factor = num("factor", double(out_.max_position) / old_ctx);
+            Val af = key("attention_factor");
+            r.mscale = af.kind == Val::number ? af.num
+                     : factor <= 1.0          ? 1.0
+                                              : std::sqrt(1 + std::log(factor) / std::log(old_ctx));
+            auto factors = [&](const char* k) {
+                Val v = key(k);
+                if (v.kind != Val::list || int(v.items.size()) != dim / 2)
+                    err(loc, fmt::format("rope(): longrope needs \"{}\" as a list of {} numbers", k, dim / 2));
+                std::vector<float> out;
+                for (int i = 0; i < dim / 2; ++i) {
+                    if (v.items[size_t(i)].kind != Val::number) err(loc, fmt::format("rope(): \"{}\" must hold numbers", k));
+                    float expo = float(2 * i) / float(dim);
+                    out.push_back(1.0f / (float(v.items[size_t(i)].num) * float(std::pow(r.theta, double(expo)))));
+                }
+                return out;
+            };
+            r.inv_freq = factors("short_factor");
+            r.long_inv_freq = factors("long_factor");
+            r.long_after = int(old_ctx);
         } else {
-            err(loc, fmt::format("rope(): rope type \"{}\" is not supported yet (supported: default, linear, llama3)", r.type));
+            err(loc, fmt::format("rope(): rope type \"{}\" is not supported yet (supported: default, linear, llama3, yarn, longrope)", r.type));
         }
-        (void)params;
         return r;
     }
 
+    // rope(q, k [, layer_type=, interleaved=]): rotates the first rotary_dim dims of each head.
+    // layer_type picks the per-layer-type parameters (Gemma 3's local/global bases); interleaved
+    // rotates pairs (2i, 2i+1) and writes them de-interleaved, as transformers' rope_interleave does.
     Val op_rope(Args& a) {
         const auto& loc = a.call.loc;
         int q = input(loc, a.at(0, "queries"), "rope()'s queries");
@@ -677,15 +833,29 @@ private:
         if (qd.size() != 2 || kd.size() != 2)
             err(loc, "rope() needs [heads, head_dim]-shaped queries and keys (annotate the projections)");
         if (qd[1] != kd[1]) err(loc, fmt::format("rope(): query head_dim {} != key head_dim {}", qd[1], kd[1]));
-        if (!rope_) rope_ = rope_params(loc, qd[1]);
+        std::string layer_type;
+        if (auto lt = a.key("layer_type")) {
+            if (lt->kind != Val::string) err(loc, "rope()'s layer_type must be a string");
+            layer_type = lt->str;
+        }
+        bool interleaved = false;
+        if (auto il = a.key("interleaved")) interleaved = bool_arg(loc, *il, "rope()'s interleaved");
+        auto it = rope_.find(layer_type);
+        if (it == rope_.end()) it = rope_.emplace(layer_type, rope_params(loc, qd[1], layer_type)).first;
+        const RopeParams& rp = it->second;
         ir::Op op = make_op(ir::OpKind::rope, loc);
         op.in = {q, k};
         op.out = {new_value(qd, g().values[q].rows), new_value(kd, g().values[k].rows)};
-        op.attr["rotary_dim"] = rope_->rotary_dim;
+        op.attr["rotary_dim"] = rp.rotary_dim;
         op.attr["q_heads"] = double(qd[0]);
         op.attr["k_heads"] = double(kd[0]);
         op.attr["head_dim"] = double(qd[1]);
-        op.table = rope_->inv_freq;
+        op.attr["interleaved"] = interleaved ? 1.0 : 0.0;
+        op.attr["mscale"] = rp.mscale;
+        op.attr["long_after"] = double(rp.long_after);
+        op.table = rp.inv_freq;
+        // longrope: the long frequencies follow the short ones in the same table.
+        op.table.insert(op.table.end(), rp.long_inv_freq.begin(), rp.long_inv_freq.end());
         g().ops.push_back(op);
         Val t;
         t.kind = Val::tuple;
@@ -791,7 +961,7 @@ private:
     std::map<std::string, Val> consts_, locals_;
     std::set<std::string> recorded_;
     std::map<int, int> gathered_;
-    std::optional<RopeParams> rope_;
+    std::map<std::string, RopeParams> rope_;  // by layer type ("": the model's one set)
     std::string prefix_, current_src_;
     bool in_const_ = false, in_loop_ = false, head_ = false;
     int layer_ = -1;

@@ -15,6 +15,10 @@ const char* op_name(OpKind k) {
         case OpKind::mul: return "mul";
         case OpKind::silu: return "silu";
         case OpKind::scale: return "scale";
+        case OpKind::gelu_tanh: return "gelu_tanh";
+        case OpKind::linear_geglu: return "linear_geglu";
+        case OpKind::softcap: return "softcap";
+        case OpKind::slice: return "slice";
         case OpKind::gather_rows: return "gather_rows";
     }
     return "?";

@@ -45,15 +45,21 @@ struct Tensor {
 
 enum class OpKind {
     embed,          // ids -> rows of the embedding table
-    rmsnorm,        // over the last dim
+    rmsnorm,        // over the last dim; attr eps, dim, offset (1: scale by 1 + w, Gemma)
     linear,         // y = x W^T (+ b) (+ residual, after fusion)
     linear_swiglu,  // y = silu(x Wg^T) * (x Wu^T)        (fused from silu, mul, two linears)
-    rope,           // rotate q and k in place (neox layout, rotate_half)
+    rope,           // rotate q and k in place (neox layout, rotate_half); attr rotary_dim, interleaved
+                    // (pairs 2i,2i+1), mscale (cos/sin factor), long_after (> 0: longrope, table holds
+                    // short then long frequencies; long when the sequence is longer than long_after)
     attention,      // append k, v to this layer's KV blocks; causal attention over the sequence
                     // attr: scale, window (0 = all), softcap (0 = none), sinks (1: weights[0] = [q_heads] logits)
     moe,            // router softmax top-k, expert SwiGLU MLPs, weighted sum
     add, mul, silu, // elementwise
     scale,          // y = x * attr factor (a compile-time number: Granite's multipliers, Gemma's sqrt(hidden))
+    gelu_tanh,      // y = gelu(x, approximate="tanh") (gelu_pytorch_tanh)
+    linear_geglu,   // y = gelu_tanh(x Wg^T) * (x Wu^T)   (fused like linear_swiglu)
+    softcap,        // y = cap * tanh(x / cap), attr cap
+    slice,          // y[r] = runs of x[r]: attr outer runs of len floats, stride apart, from offset (split())
     gather_rows,    // tokens -> logit rows
 };
 

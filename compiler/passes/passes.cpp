@@ -42,13 +42,15 @@ int fuse_swiglu(ir::Graph& g) {
         for (int side = 0; side < 2; ++side) {
             int s = mul.in[side], u = mul.in[1 - side];
             int ps = prod[s], pu = prod[u];
-            if (ps < 0 || pu < 0 || g.ops[ps].kind != ir::OpKind::silu || uses[s] != 1 || uses[u] != 1) continue;
+            if (ps < 0 || pu < 0 || uses[s] != 1 || uses[u] != 1) continue;
+            const ir::OpKind act = g.ops[ps].kind;
+            if (act != ir::OpKind::silu && act != ir::OpKind::gelu_tanh) continue;
             int gv = g.ops[ps].in[0];
             int pg = prod[gv];
             if (pg < 0 || uses[gv] != 1 || !plain_linear(g.ops[pg]) || !plain_linear(g.ops[pu])) continue;
             if (g.ops[pg].in[0] != g.ops[pu].in[0]) continue;
             ir::Op f = g.ops[pg];
-            f.kind = ir::OpKind::linear_swiglu;
+            f.kind = act == ir::OpKind::silu ? ir::OpKind::linear_swiglu : ir::OpKind::linear_geglu;
             f.weights = {g.ops[pg].weights[0], g.ops[pu].weights[0]};
             f.out = mul.out;
             f.src = mul.src;
@@ -104,6 +106,8 @@ int inplace_input(const ir::Op& op, size_t out_index) {
         case ir::OpKind::rmsnorm:
         case ir::OpKind::silu:
         case ir::OpKind::scale:
+        case ir::OpKind::gelu_tanh:
+        case ir::OpKind::softcap:
         case ir::OpKind::add:
         case ir::OpKind::mul: return out_index == 0 ? op.in[0] : -1;
         case ir::OpKind::rope: return op.in[out_index];

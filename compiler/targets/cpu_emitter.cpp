@@ -103,8 +103,8 @@ private:
             case ir::OpKind::rmsnorm: {
                 int64_t d = attr("dim"), per_row = g_.values[in[0]].width() / d;
                 std::string r = per_row == 1 ? rows(in[0]) : fmt::format("{} * {}", rows(in[0]), per_row);
-                return fmt::format("k::rmsnorm<{}>({}, {}, {}, {}, {}, P);", d, r, ptr(in[0]), W(0),
-                                   float_literal(op.attr.at("eps")), ptr(o0));
+                return fmt::format("k::rmsnorm<{}{}>({}, {}, {}, {}, {}, P);", d, op.attr.at("offset") != 0 ? ", true" : "", r,
+                                   ptr(in[0]), W(0), float_literal(op.attr.at("eps")), ptr(o0));
             }
             case ir::OpKind::linear:
                 return fmt::format("k::linear<{}, {}, {}>({}, {}, {}, {}, {}, {}, P);", attr("n"), attr("k"), wt(0), rows(in[0]),
@@ -112,10 +112,17 @@ private:
             case ir::OpKind::linear_swiglu:
                 return fmt::format("k::linear_swiglu<{}, {}, {}>({}, {}, {}, {}, {}, P);", attr("n"), attr("k"), wt(0),
                                    rows(in[0]), ptr(in[0]), W(0), W(1), ptr(o0));
-            case ir::OpKind::rope:
-                return fmt::format("k::rope<{}, {}, {}, {}>({}, {}, {}, {}, {}, b.positions, {}, P);", attr("q_heads"),
-                                   attr("k_heads"), attr("head_dim"), attr("rotary_dim"), rows(in[0]), ptr(in[0]), ptr(in[1]),
-                                   ptr(op.out[0]), ptr(op.out[1]), rope_table_.at(op.table));
+            case ir::OpKind::rope: {
+                // longrope keeps its long frequencies after the short ones in the same table.
+                const int64_t half = attr("rotary_dim") / 2;
+                std::string extras = fmt::format("k::RopeExtras{{{}, {}, {}}}",
+                                                 attr("long_after") > 0 ? fmt::format("{} + {}", rope_table_.at(op.table), half) : "nullptr",
+                                                 attr("long_after"), float_literal(op.attr.at("mscale")));
+                return fmt::format("k::rope<{}, {}, {}, {}, {}>({}, {}, {}, {}, {}, ab, {}, {}, P);", attr("q_heads"),
+                                   attr("k_heads"), attr("head_dim"), attr("rotary_dim"),
+                                   op.attr.at("interleaved") != 0 ? "true" : "false", rows(in[0]), ptr(in[0]), ptr(in[1]),
+                                   ptr(op.out[0]), ptr(op.out[1]), rope_table_.at(op.table), extras);
+            }
             case ir::OpKind::attention: {
                 // Window, soft-cap and sinks: one braced AttnExtras literal ({} when the layer uses none).
                 std::string extras = fmt::format("k::AttnExtras{{{}, {}, {}}}", float_literal(op.attr.at("softcap")),
@@ -138,6 +145,17 @@ private:
                 return fmt::format("k::mul<{}>({}, {}, {}, {}, P);", g_.values[o0].width(), rows(o0), ptr(in[0]), ptr(in[1]), ptr(o0));
             case ir::OpKind::silu:
                 return fmt::format("k::silu<{}>({}, {}, {}, P);", g_.values[o0].width(), rows(o0), ptr(in[0]), ptr(o0));
+            case ir::OpKind::gelu_tanh:
+                return fmt::format("k::gelu_tanh<{}>({}, {}, {}, P);", g_.values[o0].width(), rows(o0), ptr(in[0]), ptr(o0));
+            case ir::OpKind::softcap:
+                return fmt::format("k::softcap<{}>({}, {}, {}, {}, P);", g_.values[o0].width(), rows(o0), ptr(in[0]),
+                                   float_literal(op.attr.at("cap")), ptr(o0));
+            case ir::OpKind::slice:
+                return fmt::format("k::slice<{}, {}, {}, {}, {}>({}, {}, {}, P);", g_.values[in[0]].width(), attr("outer"),
+                                   attr("stride"), attr("offset"), attr("len"), rows(o0), ptr(in[0]), ptr(o0));
+            case ir::OpKind::linear_geglu:
+                return fmt::format("k::linear_glu<{}, {}, {}, k::Act::gelu_tanh>({}, {}, {}, {}, {}, P);", attr("n"), attr("k"),
+                                   wt(0), rows(in[0]), ptr(in[0]), W(0), W(1), ptr(o0));
             case ir::OpKind::scale:
                 return fmt::format("k::scale<{}>({}, {}, {}, {}, P);", g_.values[o0].width(), rows(o0), ptr(in[0]),
                                    float_literal(op.attr.at("factor")), ptr(o0));

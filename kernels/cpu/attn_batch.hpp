@@ -12,6 +12,7 @@ struct AttnBatch {
     const int64_t* slot_mapping = nullptr;  // [num_tokens] block * block_size + offset
     const int32_t* seq_of_token = nullptr;  // [num_tokens]
     const int32_t* block_tables = nullptr;  // [num_seqs * block_table_stride]
+    const int32_t* seq_lens = nullptr;      // [num_seqs], context length after this step (longrope)
     int block_table_stride = 0;
 };
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/elementwise.hpp"
 #include "kernels/cpu/simd.hpp"
 #include "runtime/core/thread_pool.hpp"
 
@@ -95,21 +96,28 @@ void linear(int rows, const float* x, const WT* w, const float* bias, const floa
         detail::kTileN);
 }
 
-// y = silu(x Wg^T) * (x Wu^T): the gate and up projections of a SwiGLU MLP, never stored.
-template <int N, int K, typename WT>
-void linear_swiglu(int rows, const float* x, const WT* wg, const WT* wu, float* y, ThreadPool& pool) {
+enum class Act { silu, gelu_tanh };
+
+// y = act(x Wg^T) * (x Wu^T): the gate and up projections of a gated MLP (SwiGLU, GeGLU), never stored.
+template <int N, int K, typename WT, Act ACT>
+void linear_glu(int rows, const float* x, const WT* wg, const WT* wu, float* y, ThreadPool& pool) {
     pool.parallel_for(
         N,
         [&](int64_t n0, int64_t n1, int) {
             // Gate first into y, then multiply by up in place: each y element is owned by one thread.
             detail::for_each_dot<K>(x, wg, 0, rows, n0, n1, [&](int t, int64_t n, float g) {
-                y[size_t(t) * N + size_t(n)] = g * (1.0f / (1.0f + std::exp(-g)));
+                y[size_t(t) * N + size_t(n)] = ACT == Act::silu ? g * (1.0f / (1.0f + std::exp(-g))) : gelu_tanh1(g);
             });
             detail::for_each_dot<K>(x, wu, 0, rows, n0, n1, [&](int t, int64_t n, float u) {
                 y[size_t(t) * N + size_t(n)] *= u;
             });
         },
         detail::kTileN);
+}
+
+template <int N, int K, typename WT>
+void linear_swiglu(int rows, const float* x, const WT* wg, const WT* wu, float* y, ThreadPool& pool) {
+    linear_glu<N, K, WT, Act::silu>(rows, x, wg, wu, y, pool);
 }
 
 }  // namespace scr::kernels::cpu

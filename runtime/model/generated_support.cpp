@@ -66,6 +66,7 @@ kernels::cpu::AttnBatch GeneratedModel::attn_batch(const StepBatch& b) const {
     a.slot_mapping = b.slot_mapping;
     a.seq_of_token = seq_of_token_.data();
     a.block_tables = b.block_tables;
+    a.seq_lens = b.seq_lens;
     a.block_table_stride = b.block_table_stride;
     return a;
 }
