@@ -700,15 +700,16 @@ private:
             record("/rope_parameters", nullptr);
             json::json_pointer sp("/rope_scaling");
             record("/rope_scaling", config_.contains(sp) ? &config_.at(sp) : nullptr);
-            // Gemma 3's legacy configs give local layers their own base: rope_local_base_freq.
-            legacy_local = layer_type == "sliding_attention" && config_value("/rope_local_base_freq").kind == Val::number;
+            // Gemma 3's legacy configs: rope_scaling and rope_theta are the global layers'; local
+            // layers use plain rope with rope_local_base_freq (transformers' Gemma3 conversion).
+            legacy_local = layer_type == "sliding_attention";
             if (object_at("/rope_scaling") && !legacy_local) base = "/rope_scaling";
         }
         auto key = [&](const char* k) { return base.empty() ? Val{} : config_value(base + "/" + k); };
         auto number_or = [&](Val v, Val fallback, double dflt) {
             return v.kind == Val::number ? v.num : fallback.kind == Val::number ? fallback.num : dflt;
         };
-        r.theta = legacy_local ? config_value("/rope_local_base_freq").num
+        r.theta = legacy_local ? number_or(config_value("/rope_local_base_freq"), Val{}, 10000.0)
                                : number_or(key("rope_theta"), config_value("/rope_theta"), 10000.0);
         Val ty = key("rope_type");
         if (ty.kind != Val::string) ty = key("type");
