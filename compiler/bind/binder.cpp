@@ -914,42 +914,108 @@ private:
         return act(op.out[0]);
     }
 
+    // moe(x, router, experts, experts=, top_k=, ffn=, ...): a sparse MLP.
+    //   normalize=    renormalize the top-k weights (norm_topk_prob)
+    //   gate=, up=, down=   per-expert tensor names under `experts` (which holds {e}); defaults
+    //                 gate_proj / up_proj / down_proj (Mixtral: w1 / w3 / w2)
+    //   gate_up=      GPT-OSS stacked experts instead: `experts`.<gate_up> [E, hidden, 2 ffn] with gate
+    //                 and up interleaved, `experts`.<down> [E, ffn, hidden], each with a <name>_bias;
+    //                 activation (clamp(up, limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit)
+    //   router_bias=  the router has a bias (GPT-OSS)
+    //   scoring=      "softmax" (default) or "sigmoid" (DeepSeek-V3)
+    //   choice_bias=  add router.e_score_correction_bias when choosing (DeepSeek-V3)
+    //   groups=, topk_groups=   grouped top-k (DeepSeek-V3 n_group, topk_group)
+    //   scale=        multiply the routing weights (routed_scaling_factor)
     Val op_moe(Args& a) {
         const auto& loc = a.call.loc;
         int x = input(loc, a.at(0, "input"), "moe()'s input");
         std::string router = path_arg(loc, a.at(1, "router weight"), "moe()'s router");
-        std::string experts_tpl = path_arg(loc, a.at(2, "expert path with {e}"), "moe()'s expert path");
-        if (experts_tpl.find("{e}") == std::string::npos) err(loc, "moe()'s expert path must contain {e}");
+        std::string experts_path = path_arg(loc, a.at(2, "expert path"), "moe()'s expert path");
         auto need = [&](const char* k) {
             auto v = a.key(k);
             if (!v) err(loc, fmt::format("moe() needs {}=", k));
             return *v;
         };
+        auto str_kw = [&](const char* k, const char* dflt) {
+            auto v = a.key(k);
+            if (!v) return std::string(dflt);
+            if (v->kind != Val::string) err(loc, fmt::format("moe()'s {} must be a string", k));
+            return v->str;
+        };
+        auto bool_kw = [&](const char* k) {
+            auto v = a.key(k);
+            return v ? bool_arg(loc, *v, k) : false;
+        };
+        auto num_kw = [&](const char* k, double dflt) {
+            auto v = a.key(k);
+            return v ? num_arg(loc, *v, k) : dflt;
+        };
         int64_t n_exp = int_arg(loc, need("experts"), "moe()'s experts");
         int64_t top_k = int_arg(loc, need("top_k"), "moe()'s top_k");
         int64_t ffn = int_arg(loc, need("ffn"), "moe()'s ffn");
-        bool normalize = false;
-        if (auto v = a.key("normalize")) normalize = bool_arg(loc, *v, "moe()'s normalize");
+        bool normalize = bool_kw("normalize");
         if (top_k < 1 || top_k > n_exp) err(loc, fmt::format("moe(): top_k {} must be in 1..{}", top_k, n_exp));
+        std::string gate = str_kw("gate", "gate_proj"), up = str_kw("up", "up_proj"), down = str_kw("down", "down_proj");
+        std::string gate_up = str_kw("gate_up", "");
+        std::string scoring = str_kw("scoring", "softmax");
+        if (scoring != "softmax" && scoring != "sigmoid")
+            err(loc, fmt::format("moe(): scoring \"{}\" is not one of softmax, sigmoid", scoring));
+        int64_t groups = a.key("groups") ? int_arg(loc, *a.key("groups"), "moe()'s groups") : 1;
+        int64_t topk_groups = a.key("topk_groups") ? int_arg(loc, *a.key("topk_groups"), "moe()'s topk_groups") : groups;
+        if (groups < 1 || n_exp % groups != 0 || topk_groups < 1 || topk_groups > groups)
+            err(loc, fmt::format("moe(): {} experts cannot form {} groups keeping {}", n_exp, groups, topk_groups));
+        if (groups > 1 && scoring != "sigmoid") err(loc, "moe(): grouped top-k is implemented for sigmoid scoring");
+        if (groups > 1 && top_k > topk_groups * (n_exp / groups))
+            err(loc, fmt::format("moe(): top_k {} exceeds the {} experts of {} kept groups", top_k, topk_groups * (n_exp / groups), topk_groups));
+        const bool router_bias = bool_kw("router_bias"), choice_bias = bool_kw("choice_bias");
+        const double scale = num_kw("scale", 1.0), alpha = num_kw("alpha", 1.702), limit = num_kw("limit", 7.0);
+        const bool oai = !gate_up.empty();
         int64_t hidden = g().values[x].width();
         ir::Op op = make_op(ir::OpKind::moe, loc);
         op.in = {x};
         op.weights.push_back(tensor(loc, router + ".weight", {n_exp, hidden}, ir::TensorRole::router));
-        for (int64_t e = 0; e < n_exp; ++e) {
-            std::string base = experts_tpl;
-            base.replace(base.find("{e}"), 3, std::to_string(e));
-            op.weights.push_back(tensor(loc, base + ".gate_proj.weight", {ffn, hidden}, ir::TensorRole::linear));
-            op.weights.push_back(tensor(loc, base + ".up_proj.weight", {ffn, hidden}, ir::TensorRole::linear));
-            op.weights.push_back(tensor(loc, base + ".down_proj.weight", {hidden, ffn}, ir::TensorRole::linear));
+        if (oai) {
+            if (experts_path.find("{e}") != std::string::npos) err(loc, "moe(): stacked experts (gate_up=) take a path without {e}");
+            op.weights.push_back(tensor(loc, experts_path + "." + gate_up, {n_exp, hidden, 2 * ffn}, ir::TensorRole::linear));
+            op.weights.push_back(tensor(loc, experts_path + "." + gate_up + "_bias", {n_exp, 2 * ffn}, ir::TensorRole::bias));
+            op.weights.push_back(tensor(loc, experts_path + "." + down, {n_exp, ffn, hidden}, ir::TensorRole::linear));
+            op.weights.push_back(tensor(loc, experts_path + "." + down + "_bias", {n_exp, hidden}, ir::TensorRole::bias));
+        } else {
+            if (experts_path.find("{e}") == std::string::npos) err(loc, "moe()'s expert path must contain {e}");
+            for (int64_t e = 0; e < n_exp; ++e) {
+                std::string base = experts_path;
+                base.replace(base.find("{e}"), 3, std::to_string(e));
+                op.weights.push_back(tensor(loc, base + "." + gate + ".weight", {ffn, hidden}, ir::TensorRole::linear));
+                op.weights.push_back(tensor(loc, base + "." + up + ".weight", {ffn, hidden}, ir::TensorRole::linear));
+                op.weights.push_back(tensor(loc, base + "." + down + ".weight", {hidden, ffn}, ir::TensorRole::linear));
+            }
+        }
+        // Optional routing tensors come last, so weights[1..] stay the experts.
+        op.attr["router_bias_index"] = -1;
+        op.attr["choice_bias_index"] = -1;
+        if (router_bias) {
+            op.attr["router_bias_index"] = double(op.weights.size());
+            op.weights.push_back(tensor(loc, router + ".bias", {n_exp}, ir::TensorRole::bias));
+        }
+        if (choice_bias) {
+            op.attr["choice_bias_index"] = double(op.weights.size());
+            op.weights.push_back(tensor(loc, router + ".e_score_correction_bias", {n_exp}, ir::TensorRole::bias));
         }
         op.attr["experts"] = double(n_exp);
         op.attr["top_k"] = double(top_k);
         op.attr["ffn"] = double(ffn);
         op.attr["hidden"] = double(hidden);
         op.attr["normalize"] = normalize;
+        op.attr["layout"] = oai ? 1.0 : 0.0;               // 0: per-expert SwiGLU, 1: GPT-OSS stacked
+        op.attr["scoring"] = scoring == "sigmoid" ? 1.0 : 0.0;
+        op.attr["groups"] = double(groups);
+        op.attr["topk_groups"] = double(topk_groups);
+        op.attr["scale"] = scale;
+        op.attr["alpha"] = alpha;
+        op.attr["limit"] = limit;
         // Scratch for routing and per-expert row groups (see kernels/cpu/moe.hpp for the layout).
         const int64_t rows = out_.params.max_batch_tokens;
-        op.workspace = rows * (3 * hidden + 2 * ffn + n_exp + 2 * top_k + 2) + 2 * n_exp + 64;
+        op.workspace = rows * (3 * hidden + (oai ? 3 : 2) * ffn + n_exp + 2 * top_k + 2) + 2 * n_exp + 64;
         op.out = {new_value({hidden}, g().values[x].rows)};
         g().ops.push_back(op);
         return act(op.out[0]);

@@ -134,10 +134,20 @@ private:
             }
             case ir::OpKind::moe: {
                 std::string experts = fmt::format("wp(wl + {})", op.weights[1] - wbase);
-                return fmt::format("k::moe<{}, {}, {}, {}, {}, {}, {}>({}, {}, {}, {}, {}, {}, S + {}, P);", attr("hidden"), attr("ffn"),
-                                   attr("experts"), attr("top_k"), op.attr.at("normalize") ? "true" : "false",
-                                   wt(1), wt(0), rows(in[0]), ptr(in[0]), W(0), experts,
-                                   op.residual >= 0 ? ptr(op.residual) : "nullptr", ptr(o0), op.workspace_offset);
+                auto extra = [&](const char* k) { return attr(k) >= 0 ? W(int(attr(k))) : std::string("nullptr"); };
+                std::string routing = fmt::format("k::MoeRouting{{k::Scoring::{}, {}, {}, {}, {}, {}}}",
+                                                  attr("scoring") ? "sigmoid" : "softmax", extra("router_bias_index"),
+                                                  extra("choice_bias_index"), attr("groups"), attr("topk_groups"),
+                                                  float_literal(op.attr.at("scale")));
+                std::string head = fmt::format("k::{}<{}, {}, {}, {}, {}, {}, {}>({}, {}, {}, {}, {}, {}, S + {}, P, {}",
+                                               attr("layout") ? "moe_oai" : "moe", attr("hidden"), attr("ffn"), attr("experts"),
+                                               attr("top_k"), op.attr.at("normalize") ? "true" : "false", wt(1), wt(0),
+                                               rows(in[0]), ptr(in[0]), W(0), experts,
+                                               op.residual >= 0 ? ptr(op.residual) : "nullptr", ptr(o0), op.workspace_offset,
+                                               routing);
+                if (attr("layout"))
+                    return head + fmt::format(", {}, {});", float_literal(op.attr.at("alpha")), float_literal(op.attr.at("limit")));
+                return head + ");";
             }
             case ir::OpKind::add:
                 return fmt::format("k::add<{}>({}, {}, {}, {}, P);", g_.values[o0].width(), rows(o0), ptr(in[0]), ptr(in[1]), ptr(o0));
