@@ -342,12 +342,12 @@ struct HttpServer::Impl {
             if (!res.body.empty()) return;
             std::string message;
             switch (res.status) {
-                case 404: message = fmt::format("Not found: {} {}", req.method, req.path); break;
+                case 404: message = fmt::format("Invalid URL ({} {})", req.method, req.path); break;  // OpenAI's wording
                 case 413: message = fmt::format("The request body is larger than the {} bytes this server accepts",
                                                 opt.max_body_bytes); break;
                 default: message = fmt::format("HTTP error {}", res.status); break;
             }
-            const ApiError e(res.status, res.status == 404 ? "not_found_error" : "invalid_request_error", message);
+            const ApiError e(res.status, "invalid_request_error", message);
             res.set_content(to_wire(is_anthropic_path(req.path) ? anthropic_error_body(e) : openai_error_body(e)),
                             "application/json");
         });

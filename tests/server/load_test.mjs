@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // Bounded load test for a running `scr serve`: streaming chat completions from 1, 8 and 64
-// concurrent clients (configurable); reports requests/s, output tokens/s, TTFT, inter-chunk latency
-// (ITL) and time per output token (TPOT) percentiles. Each level stops after --requests requests or
+// concurrent clients (configurable); reports requests/s, output tokens/s, TTFT, inter-token latency as
+// the client sees it (ITL: gaps between network reads that carry content) and time per output token
+// (TPOT: (last - first content) / (tokens - 1) per request) percentiles. Each level stops after --requests requests or
 // --seconds seconds, whichever comes first.
 //
 //   node tests/server/load_test.mjs --url http://127.0.0.1:8000 [--levels 1,8,64] [--requests 128]
@@ -42,6 +43,9 @@ async function one(i) {
   let buffer = '', first = 0, last = 0, usage = null;
   const gaps = [];
   for await (const bytes of res.body) {
+    // Timestamps are per network read: events that arrive together are seen together.
+    const now = performance.now();
+    let content = false;
     buffer += decoder.decode(bytes, { stream: true });
     let end;
     while ((end = buffer.indexOf('\n\n')) >= 0) {
@@ -51,11 +55,11 @@ async function one(i) {
       const chunk = JSON.parse(data);
       if (chunk.error) throw new Error(chunk.error.message);
       if (chunk.usage) usage = chunk.usage;
-      if (chunk.choices?.[0]?.delta?.content) {
-        const now = performance.now();
-        if (!first) first = now; else gaps.push(now - last);
-        last = now;
-      }
+      if (chunk.choices?.[0]?.delta?.content) content = true;
+    }
+    if (content) {
+      if (!first) first = now; else gaps.push(now - last);
+      last = now;
     }
   }
   return { ttft: first - start, e2e: last - start, gaps, tokens: usage.completion_tokens };
