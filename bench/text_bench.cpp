@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -20,7 +21,10 @@ std::filesystem::path model_dir(const std::string& name) {
 
 const std::vector<std::string>& corpus() {
     static const std::vector<std::string> texts = [] {
-        std::ifstream f(std::filesystem::path(SCR_TEXT_CORPUS_DIR) / "texts.json");
+        // SCR_TEXT_BENCH_CORPUS: another JSON list of strings (the side-by-side script uses it).
+        const char* override_path = std::getenv("SCR_TEXT_BENCH_CORPUS");
+        std::ifstream f(override_path ? std::filesystem::path(override_path)
+                                      : std::filesystem::path(SCR_TEXT_CORPUS_DIR) / "texts.json");
         std::stringstream ss;
         ss << f.rdbuf();
         return nlohmann::json::parse(ss.str()).get<std::vector<std::string>>();

@@ -60,13 +60,13 @@ std::string map_case(const std::string& s, char32_t (*f)(char32_t)) {
 }
 
 // str.strip / lstrip / rstrip with an optional character set.
-std::string py_strip(const std::string& s, const Value* chars, bool left, bool right) {
+std::string py_strip(const std::string& s, const Value& chars, bool left, bool right) {
     const auto cps = code_points(s);
     std::vector<char32_t> set;
-    const bool custom = chars && !chars->is_none() && !chars->is_undefined();
+    const bool custom = !chars.is_none() && !chars.is_undefined();
     if (custom) {
-        if (!chars->is_string()) eval_fail("strip arg must be None or str");
-        set = code_points(chars->str());
+        if (!chars.is_string()) eval_fail("strip arg must be None or str");
+        set = code_points(chars.str());
     }
     auto strip_it = [&](char32_t c) {
         return custom ? std::find(set.begin(), set.end(), c) != set.end() : py_isspace(c);
@@ -336,7 +336,8 @@ const std::unordered_set<std::string>& test_names() {
     return names;
 }
 
-const Value& arg_at(const CallArgs& a, size_t index, const char* kw, const Value& fallback) {
+// Returns a copy: callers pass temporaries as the fallback.
+Value arg_at(const CallArgs& a, size_t index, const char* kw, const Value& fallback) {
     if (index < a.positional.size()) return a.positional[index];
     if (kw) {
         if (const Value* v = a.get_kw(kw)) return *v;
@@ -880,9 +881,9 @@ private:
         static const Value none = Value::none();
         if (name == "upper") return fn([s](CallArgs&) { return Value(map_case(s, to_upper)); });
         if (name == "lower") return fn([s](CallArgs&) { return Value(map_case(s, to_lower)); });
-        if (name == "strip") return fn([s](CallArgs& a) { return Value(py_strip(s, &arg_at(a, 0, "chars", none), true, true)); });
-        if (name == "lstrip") return fn([s](CallArgs& a) { return Value(py_strip(s, &arg_at(a, 0, "chars", none), true, false)); });
-        if (name == "rstrip") return fn([s](CallArgs& a) { return Value(py_strip(s, &arg_at(a, 0, "chars", none), false, true)); });
+        if (name == "strip") return fn([s](CallArgs& a) { return Value(py_strip(s, arg_at(a, 0, "chars", none), true, true)); });
+        if (name == "lstrip") return fn([s](CallArgs& a) { return Value(py_strip(s, arg_at(a, 0, "chars", none), true, false)); });
+        if (name == "rstrip") return fn([s](CallArgs& a) { return Value(py_strip(s, arg_at(a, 0, "chars", none), false, true)); });
         if (name == "split" || name == "rsplit")
             return fn([s, name](CallArgs& a) {
                 const Value& sep = arg_at(a, 0, "sep", none);
@@ -1061,7 +1062,7 @@ private:
             if (const Value* ea = a.get_kw("ensure_ascii")) opt.ensure_ascii = ea->truthy();
             return Value(v.to_json(opt));
         }
-        if (name == "trim") return Value(py_strip(v.to_str(), &arg_at(a, 0, "chars", none), true, true));
+        if (name == "trim") return Value(py_strip(v.to_str(), arg_at(a, 0, "chars", none), true, true));
         if (name == "upper") return Value(map_case(v.to_str(), to_upper));
         if (name == "lower") return Value(map_case(v.to_str(), to_lower));
         if (name == "capitalize") return Value(py_capitalize(v.to_str()));
@@ -1209,7 +1210,7 @@ private:
             const Value& dflt = arg_at(a, 0, "default", Value(int64_t{0}));
             if (v.is_number()) return Value(static_cast<int64_t>(v.is_float() ? std::trunc(v.as_double()) : v.as_int()));
             if (v.is_string()) {
-                const std::string s = py_strip(v.str(), nullptr, true, true);
+                const std::string s = py_strip(v.str(), Value::none(), true, true);
                 try {
                     size_t used = 0;
                     const long long x = std::stoll(s, &used, 10);
@@ -1227,7 +1228,7 @@ private:
             if (v.is_string()) {
                 try {
                     size_t used = 0;
-                    const std::string s = py_strip(v.str(), nullptr, true, true);
+                    const std::string s = py_strip(v.str(), Value::none(), true, true);
                     const double d = std::stod(s, &used);
                     if (used == s.size()) return Value(d);
                 } catch (const std::exception&) {
