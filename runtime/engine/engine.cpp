@@ -132,8 +132,13 @@ Engine::Impl::Impl(CompiledModel& m, const text::Tokenizer* tok, EngineConfig cf
         fail("engine: a KV cache of {} bytes holds {} blocks of {} bytes ({} tokens each); need at least 2",
              budget, num_blocks64, info.kv_bytes_per_block, bs);
     const int32_t num_blocks = int32_t(std::min<int64_t>(num_blocks64, INT32_MAX / 2));
-    // A sequence must fit in the pool on its own, or it could only ever preempt itself.
-    max_model_len = std::min<int64_t>(max_model_len, int64_t(num_blocks - 1) * bs);
+    // A sequence must fit in the pool on its own, or it could only ever preempt itself. With a
+    // sliding window it holds at most the window plus one step's tokens, whatever its length.
+    const int64_t window_need = info.sliding_window > 0
+        ? (int64_t(info.sliding_window) - 1 + config.max_num_batched_tokens + bs - 1) / bs + 1
+        : INT64_MAX;
+    if (window_need > num_blocks - 1)
+        max_model_len = std::min<int64_t>(max_model_len, int64_t(num_blocks - 1) * bs);
     config.max_model_len = max_model_len;
     config.kv_cache_bytes = int64_t(num_blocks) * info.kv_bytes_per_block;
 
@@ -143,7 +148,8 @@ Engine::Impl::Impl(CompiledModel& m, const text::Tokenizer* tok, EngineConfig cf
         eos_ids.push_back(int32_t(info.eos_token_id));
 
     kv_memory = std::make_unique<KvPoolMemory>(num_blocks, info.kv_bytes_per_block);
-    kv = std::make_unique<KvCacheManager>(num_blocks, bs, max_model_len, config.enable_prefix_caching);
+    kv = std::make_unique<KvCacheManager>(num_blocks, bs, max_model_len, config.enable_prefix_caching,
+                                          info.sliding_window);
     SchedulerConfig sc;
     sc.max_num_seqs = config.max_num_seqs;
     sc.max_num_batched_tokens = config.max_num_batched_tokens;

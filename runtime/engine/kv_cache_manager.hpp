@@ -15,7 +15,10 @@ namespace scr::engine {
 
 class KvCacheManager {
 public:
-    KvCacheManager(int32_t num_blocks, int block_size, int max_model_len, bool enable_caching);
+    // sliding_window > 0: every layer attends to at most that many tokens (ModelInfo::sliding_window),
+    // so blocks wholly behind the window are freed while a sequence runs.
+    KvCacheManager(int32_t num_blocks, int block_size, int max_model_len, bool enable_caching,
+                   int sliding_window = 0);
 
     int block_size() const { return block_size_; }
     BlockPool& pool() { return pool_; }
@@ -43,11 +46,18 @@ public:
 
     bool reset_prefix_cache() { return pool_.reset_prefix_cache(); }
 
+    // Frees the blocks no step from position num_computed_tokens on will read, leaving the null
+    // block in their table entries. vLLM: single_type_kv_cache_manager.py:L343
+    // (remove_skipped_blocks) with SlidingWindowManager.get_num_skipped_tokens.
+    void remove_skipped_blocks(Sequence& seq, int num_computed_tokens);
+
     int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;  // tokens
 
 private:
     int block_size_;
     int max_model_len_;
+    int sliding_window_;
+    std::vector<int32_t> removed_;
     BlockPool pool_;
 };
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -31,6 +32,7 @@ struct FakeModelShape {
     int max_logit_rows = 16;
     int64_t eos = -1;
     bool letters_only = false;  // favour 'a'..'z' (for tests that detokenize with a byte tokenizer)
+    int sliding_window = 0;     // > 0: a token sees only the last `sliding_window` tokens
 };
 
 class FakeModel : public CompiledModel {
@@ -59,6 +61,7 @@ public:
         info_.weight_bytes = 0;
         info_.scratch_bytes = 0;
         info_.active_weight_bytes = 0;
+        info_.sliding_window = shape.sliding_window;
     }
 
     const ModelInfo& info() const override { return info_; }
@@ -113,7 +116,8 @@ public:
             const int32_t* table = b.block_tables + int64_t(s) * b.block_table_stride;
             const int pos = b.positions[row];
             ctx.clear();
-            for (int p = 0; p <= pos; ++p) {
+            const int first = shape_.sliding_window > 0 ? std::max(0, pos - shape_.sliding_window + 1) : 0;
+            for (int p = first; p <= pos; ++p) {
                 const int64_t slot = int64_t(table[p / bs]) * bs + p % bs;
                 if (table[p / bs] <= 0 || table[p / bs] >= kv.num_blocks) fail("block table entry out of range");
                 if (cells[2 * slot + 1] != p) fail("KV slot holds another position (stale or shared block)");
@@ -137,11 +141,13 @@ private:
 
 // Greedy continuation computed straight from the logits function (no engine, no KV).
 inline std::vector<int32_t> reference_greedy(std::vector<int32_t> context, int vocab, int max_tokens,
-                                             int64_t eos = -1, bool letters_only = false) {
+                                             int64_t eos = -1, bool letters_only = false, int window = 0) {
     std::vector<int32_t> out;
     std::vector<float> logits(size_t(vocab), 0.f);
     for (int i = 0; i < max_tokens; ++i) {
-        FakeModel::reference_logits(context, vocab, logits.data(), letters_only);
+        std::vector<int32_t> seen = context;
+        if (window > 0 && int(seen.size()) > window) seen.erase(seen.begin(), seen.end() - window);
+        FakeModel::reference_logits(seen, vocab, logits.data(), letters_only);
         int32_t best = 0;
         for (int v = 1; v < vocab; ++v) if (logits[size_t(v)] > logits[size_t(best)]) best = v;
         out.push_back(best);

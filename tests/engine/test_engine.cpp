@@ -280,6 +280,59 @@ TEST(Engine, AbortsAtAnyTime) {
     EXPECT_FALSE(engine.abort("no-such-request"));
 }
 
+// Sliding window (ModelInfo::sliding_window): blocks wholly behind the window are freed while a
+// sequence runs, so long generations fit a pool far smaller than their length; outputs still equal
+// the windowed reference; repeated prompts hit the blocks the window needs.
+TEST(Engine, SlidingWindowFreesBlocksBehindTheWindow) {
+    FakeModelShape shape;
+    shape.sliding_window = 10;
+    shape.context = 400;
+    FakeModel model(shape);
+    // 30 usable blocks of 4 tokens = 120 tokens; four sequences of up to 330 tokens run together.
+    EngineConfig cfg = config_with(31, 4, 32, 4);
+    Engine engine(model, nullptr, cfg);
+    auto prompts = random_prompts(4, 97, 30, 41);
+    Results res;
+    int64_t min_free = engine.stats().kv_blocks_total;
+    for (const Prompt& p : prompts) {
+        Request r = greedy_request(p);
+        r.params.max_tokens = 300;
+        engine.add_request(r, collect_into(res));
+    }
+    while (engine.has_unfinished()) {
+        ASSERT_TRUE(engine.step());
+        min_free = std::min(min_free, engine.stats().kv_blocks_free);
+    }
+    for (const Prompt& p : prompts)
+        EXPECT_EQ(at(res, p.id).ids, reference_greedy(p.ids, 97, 300, -1, false, 10)) << p.id;
+    EXPECT_EQ(engine.stats().num_preemptions, 0);
+    EXPECT_GE(min_free, 30 - 4 * 5) << "each sequence should hold about window/block_size + 2 blocks";
+    EXPECT_EQ(engine.stats().kv_blocks_free, engine.stats().kv_blocks_total);
+
+    EXPECT_EQ(engine.config().max_model_len, 400);  // not clamped to the pool: the window bounds use
+}
+
+// Prefix hit with a window: a prompt continuing a finished sequence needs only the blocks its last
+// token's window reaches (vLLM's SlidingWindowManager.find_longest_cache_hit); the rest are null.
+TEST(Engine, SlidingWindowPrefixHit) {
+    FakeModelShape shape;
+    shape.sliding_window = 10;
+    FakeModel model(shape);
+    Engine engine(model, nullptr, config_with(31, 4, 32, 4));
+    Prompt a{"a", {}, 60};
+    for (int i = 0; i < 20; ++i) a.ids.push_back(int32_t((i * 5 + 1) % 97));
+    Results res;
+    engine.add_request(greedy_request(a), collect_into(res));
+    run_to_completion(engine);
+    Prompt b{"b", a.ids, 5};
+    b.ids.insert(b.ids.end(), at(res, "a").ids.begin(), at(res, "a").ids.end());  // 80 tokens
+    engine.add_request(greedy_request(b), collect_into(res));
+    run_to_completion(engine);
+    EXPECT_EQ(at(res, "b").num_cached_tokens, 76);  // (80 - 1) / 4 blocks, the window's 3 of them real
+    EXPECT_EQ(at(res, "b").ids, reference_greedy(b.ids, 97, 5, -1, false, 10));
+    EXPECT_EQ(engine.stats().kv_blocks_free, engine.stats().kv_blocks_total);
+}
+
 TEST(Engine, RejectsBadRequestsWithClearErrors) {
     FakeModelShape shape;
     shape.context = 64;
@@ -429,9 +482,9 @@ TEST(AsyncEngine, ConcurrentSubmitAbortAndDrain) {
             std::unique_lock lock(mu);
             cv.wait(lock, [&] { return finals == 40; });
         }
+        engine.drain(5.0);  // after drain the stats snapshot includes the last step
         EngineStats s = engine.stats();
         EXPECT_EQ(s.requests_finished + s.requests_aborted, 40);
-        engine.drain(5.0);
         EXPECT_THROW(engine.submit(greedy_request(prompts[0]), cb), Error);  // draining
     }
     for (const Prompt& p : prompts) {
