@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
         c->add_option("--arch-dir", arch_dir, "folder of *.scr architecture files")->required();
         c->add_option("--config", config_path, "the model's config.json")->required();
         c->add_option("--quant", quant_path, "quant preset JSON")->required();
-        c->add_option("--target", target, "cpu | spyre")->check(CLI::IsMember({"cpu", "spyre"}));
+        c->add_option("--target", target, "cpu | cuda | spyre")->check(CLI::IsMember({"cpu", "cuda", "spyre"}));
         c->add_option("--spyre-scratchpad-bytes", spyre_scratchpad_bytes, "spyre: usable scratchpad bytes per core");
         c->add_option("--stem", stem, "name of the specialization (default: the config file's stem)");
         c->add_option("--block-size", params.block_size, "KV block size in tokens")->check(CLI::Range(1, 1024));
@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
             return 0;
         }
         if (target == "spyre") write_if_changed(out, emit::emit_spyre(bound, spyre_scratchpad_bytes));
-        else write_if_changed(out, emit::emit_cpu(bound));
+        else write_if_changed(out, target == "cuda" ? emit::emit_cuda(bound) : emit::emit_cpu(bound));
         fmt::print("{}\n", emit::symbol_for(bound, target));
     } catch (const Error& e) {
         fmt::print(stderr, "scrc: error: {}\n", e.what());

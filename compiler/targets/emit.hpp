@@ -29,6 +29,9 @@ std::string float_literal(double v);
 // The CPU target: one .cpp per specialization, calling kernels/cpu templates with literal shapes.
 std::string emit_cpu(const bind::Bound& b);
 
+// The CUDA target (sm_90a): one .cu per specialization, calling kernels/cuda templates.
+std::string emit_cuda(const bind::Bound& b);
+
 // The registry translation unit listing every specialization's entry symbol.
 std::string emit_registry(const std::vector<std::string>& symbols);
 

@@ -1,0 +1,284 @@
+// scr_cuda_bench: what the CUDA target does on this GPU, beside the ceilings measured in the same
+// run. Loads a model folder through the normal loader (so the specialization, the upload and the
+// graphs are the ones `scr` uses) and drives CompiledModel::forward directly:
+//   * ceilings: device-to-device copy bandwidth (read + write counted) and pinned host-to-device
+//     bandwidth (the upload floor);
+//   * start-up: process start -> weights on the GPU -> first token;
+//   * batch-1 decode after a prompt, per-token latency of forward() (logits back on the host);
+//   * decode throughput at batch B (B sequences, one token each per step);
+//   * prefill throughput of one long prompt in compiled-size chunks.
+// Prints a table and one JSON line (for docs/CUDA.md).
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "runtime/core/error.hpp"
+#include "runtime/cuda/cuda_model.hpp"
+#include "runtime/model/loader.hpp"
+#include "runtime/model/sequence_runner.hpp"
+
+using namespace scr;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const auto kProcessStart = Clock::now();
+
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+void cuda_ok(cudaError_t e, const char* what) {
+    if (e != cudaSuccess) fail("CUDA: {}: {}", what, cudaGetErrorString(e));
+}
+
+// Device copy bandwidth, GB/s with read + write counted (as ../shared/notes/facts.md counts it).
+double copy_bandwidth_gbs() {
+    const size_t bytes = size_t(2) << 30;
+    void *a = nullptr, *b = nullptr;
+    cuda_ok(cudaMalloc(&a, bytes), "malloc");
+    cuda_ok(cudaMalloc(&b, bytes), "malloc");
+    cuda_ok(cudaMemset(a, 1, bytes), "memset");
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    for (int i = 0; i < 3; ++i) cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+    std::vector<float> ms;
+    for (int i = 0; i < 10; ++i) {
+        cudaEventRecord(e0);
+        cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice);
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float t = 0;
+        cudaEventElapsedTime(&t, e0, e1);
+        ms.push_back(t);
+    }
+    cuda_ok(cudaGetLastError(), "copy");
+    std::sort(ms.begin(), ms.end());
+    cudaFree(a);
+    cudaFree(b);
+    return 2.0 * double(bytes) / (ms[ms.size() / 2] * 1e-3) / 1e9;
+}
+
+double h2d_bandwidth_gbs() {
+    const size_t bytes = size_t(1) << 30;
+    void *h = nullptr, *d = nullptr;
+    cuda_ok(cudaMallocHost(&h, bytes), "mallochost");
+    cuda_ok(cudaMalloc(&d, bytes), "malloc");
+    std::memset(h, 1, bytes);
+    cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
+    std::vector<double> ms;
+    for (int i = 0; i < 5; ++i) {
+        auto t0 = Clock::now();
+        cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
+        ms.push_back(ms_since(t0));
+    }
+    std::sort(ms.begin(), ms.end());
+    cudaFreeHost(h);
+    cudaFree(d);
+    return double(bytes) / (ms[ms.size() / 2] * 1e-3) / 1e9;
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// B sequences decoding together through forward() with the engine's batch layout.
+struct BatchRun {
+    CompiledModel& model;
+    const ModelInfo& info;
+    int B, capacity;
+    std::vector<int32_t> tables, lens;
+    std::vector<std::byte> host_anchor = std::vector<std::byte>(64);  // the KvPool's identity; never read
+    KvPool pool;
+    std::vector<float> logits;
+
+    BatchRun(CompiledModel& m, int b, int cap) : model(m), info(m.info()), B(b), capacity(cap) {
+        const int per = (cap + info.block_size - 1) / info.block_size;
+        tables.resize(size_t(B) * per);
+        std::iota(tables.begin(), tables.end(), 0);
+        lens.assign(size_t(B), 0);
+        pool.data = host_anchor.data();
+        pool.num_blocks = B * per;
+        logits.resize(size_t(std::max(B, 1)) * size_t(info.vocab_size));
+    }
+    int per() const { return (capacity + info.block_size - 1) / info.block_size; }
+    int64_t slot(int s, int pos) const {
+        return int64_t(tables[size_t(s) * per() + pos / info.block_size]) * info.block_size + pos % info.block_size;
+    }
+    // Prefill sequence s with n tokens (one step, no logits).
+    void prefill(int s, const std::vector<int32_t>& ids) {
+        const int n = int(ids.size());
+        std::vector<int32_t> pos(n);
+        std::vector<int64_t> slots(n);
+        for (int i = 0; i < n; ++i) {
+            pos[i] = lens[s] + i;
+            slots[i] = slot(s, lens[s] + i);
+        }
+        int32_t qs[2] = {0, n};
+        int32_t len = lens[s] + n;
+        StepBatch b;
+        b.num_tokens = n;
+        b.token_ids = ids.data();
+        b.positions = pos.data();
+        b.slot_mapping = slots.data();
+        b.num_seqs = 1;
+        b.query_start = qs;
+        b.seq_lens = &len;
+        b.block_tables = tables.data() + size_t(s) * per();
+        b.block_table_stride = per();
+        model.forward(b, pool, nullptr);
+        lens[s] = len;
+    }
+    // One decode step: every sequence feeds one token and gets its logits.
+    void decode(const std::vector<int32_t>& ids) {
+        std::vector<int32_t> pos(B), qs(B + 1), rows(B), seq_lens(B);
+        std::vector<int64_t> slots(B);
+        for (int s = 0; s < B; ++s) {
+            pos[s] = lens[s];
+            slots[s] = slot(s, lens[s]);
+            qs[s] = s;
+            rows[s] = s;
+            seq_lens[s] = lens[s] + 1;
+        }
+        qs[B] = B;
+        StepBatch b;
+        b.num_tokens = B;
+        b.token_ids = ids.data();
+        b.positions = pos.data();
+        b.slot_mapping = slots.data();
+        b.num_seqs = B;
+        b.query_start = qs.data();
+        b.seq_lens = seq_lens.data();
+        b.block_tables = tables.data();
+        b.block_table_stride = per();
+        b.num_logits = B;
+        b.logit_rows = rows.data();
+        model.forward(b, pool, logits.data());
+        for (int s = 0; s < B; ++s) ++lens[s];
+    }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"scr_cuda_bench: CUDA target benchmarks against the ceilings of this GPU"};
+    std::string model_dir;
+    int prompt = 128, decode_tokens = 128, prefill_len = 2048, batch_steps = 32;
+    std::vector<int> batches{16, 64, 256};
+    app.add_option("model", model_dir, "model folder (config.json + safetensors)")->required();
+    app.add_option("--prompt", prompt, "prompt tokens before decoding");
+    app.add_option("--decode", decode_tokens, "tokens decoded at batch 1");
+    app.add_option("--prefill", prefill_len, "prompt length for the prefill measurement (0: skip)");
+    app.add_option("--batches", batches, "batch sizes for decode throughput")->delimiter(',');
+    app.add_option("--batch-steps", batch_steps, "decode steps per batch size");
+    CLI11_PARSE(app, argc, argv);
+    try {
+        // ---- Start-up: process start -> weights on the GPU -> first token.
+        auto lm = load_model(model_dir);
+        const double load_ms = ms_since(kProcessStart);
+        auto* cm = dynamic_cast<CudaGeneratedModel*>(lm.model.get());
+        if (!cm) fail("{} is not served by a CUDA specialization in this binary", model_dir);
+        const ModelInfo& info = lm.model->info();
+        std::mt19937 rng(7);
+        std::uniform_int_distribution<int32_t> tok(3, info.vocab_size - 1);
+        std::vector<int32_t> ids(size_t(std::max(prompt, 1)));
+        for (auto& t : ids) t = tok(rng);
+        {
+            SequenceRunner first(*lm.model, 8);
+            first.feed(std::span<const int32_t>(ids.data(), 1));
+        }
+        const double first_token_ms = ms_since(kProcessStart);
+        const double upload_s = cm->stats().upload_seconds;
+
+        const double copy_gbs = copy_bandwidth_gbs();
+        const double h2d_gbs = h2d_bandwidth_gbs();
+        const double floor_ms = double(info.active_weight_bytes) / (copy_gbs * 1e9) * 1e3;
+        const double upload_floor_s = double(info.weight_bytes) / (h2d_gbs * 1e9);
+
+        // ---- Batch-1 decode: time forward() alone (argmax on the host is outside the timing).
+        SequenceRunner run(*lm.model, prompt + decode_tokens + 3);
+        auto logits = run.feed(ids);
+        for (int i = 0; i < 2; ++i) {  // capture this pool's bucket-1 graph outside the timing
+            int32_t next = argmax(logits);
+            logits = run.feed(std::span<const int32_t>(&next, 1));
+        }
+        cm->set_timing(true);
+        const auto device_before = cm->stats();
+        std::vector<double> step_ms;
+        for (int i = 0; i < decode_tokens; ++i) {
+            int32_t next = argmax(logits);
+            auto t0 = Clock::now();
+            logits = run.feed(std::span<const int32_t>(&next, 1));
+            step_ms.push_back(ms_since(t0));
+        }
+        const double warm = median(step_ms);
+        const double device_ms = (cm->stats().device_seconds - device_before.device_seconds) * 1e3 /
+                                 double(std::max<int64_t>(1, cm->stats().timed_steps - device_before.timed_steps));
+        cm->set_timing(false);
+
+        // ---- Batched decode throughput.
+        std::vector<std::pair<int, double>> batch_tps;
+        for (int B : batches) {
+            if (B > info.max_logit_rows || B > info.max_batch_tokens) continue;
+            BatchRun br(*lm.model, B, prompt + batch_steps + 8);
+            std::vector<int32_t> p(ids.begin(), ids.begin() + std::min<int>(prompt, info.max_batch_tokens));
+            for (int s = 0; s < B; ++s) br.prefill(s, p);
+            std::vector<int32_t> next(static_cast<size_t>(B));
+            for (auto& t : next) t = tok(rng);
+            br.decode(next);  // graph capture for this bucket happens here
+            auto t0 = Clock::now();
+            for (int i = 0; i < batch_steps; ++i) br.decode(next);
+            batch_tps.push_back({B, double(B) * batch_steps / (ms_since(t0) * 1e-3)});
+        }
+
+        // ---- Prefill of one long prompt, in compiled-size chunks.
+        double prefill_tps = 0;
+        if (prefill_len > 0 && prefill_len < info.max_position_embeddings) {
+            std::vector<int32_t> long_ids(static_cast<size_t>(prefill_len));
+            for (auto& t : long_ids) t = tok(rng);
+            {
+                SequenceRunner warmup(*lm.model, 600);
+                warmup.feed(std::span<const int32_t>(long_ids.data(), 512));
+            }
+            SequenceRunner pre(*lm.model, prefill_len + 1);
+            auto t0 = Clock::now();
+            pre.feed(long_ids);
+            prefill_tps = prefill_len / (ms_since(t0) * 1e-3);
+        }
+
+        const auto& st = cm->stats();
+        fmt::print("model {} ({}), weights {:.3f} GB, read per decode token {:.3f} GB\n", info.stem, info.quant, info.weight_bytes / 1e9,
+                   info.active_weight_bytes / 1e9);
+        fmt::print("ceilings: device copy {:.0f} GB/s (read+write), pinned host->device {:.1f} GB/s\n", copy_gbs, h2d_gbs);
+        fmt::print("start-up: weights uploaded in {:.3f} s ({:.2f} GB; floor at pinned bandwidth {:.3f} s); process start -> loaded "
+                   "{:.0f} ms -> first token {:.0f} ms\n",
+                   upload_s, st.upload_bytes / 1e9, upload_floor_s, load_ms, first_token_ms);
+        fmt::print("batch-1 decode after {} prompt tokens: {:.3f} ms/token = {:.0f} tok/s; floor {:.3f} ms ({:.0f} tok/s) -> {:.1f} % of "
+                   "floor\n",
+                   prompt, warm, 1e3 / warm, floor_ms, 1e3 / floor_ms, 100.0 * floor_ms / warm);
+        fmt::print("  of which on the GPU (graph replay, CUDA events): {:.3f} ms; the rest is the step's host side (pack, copies, "
+                   "logits to the host)\n",
+                   device_ms);
+        for (auto& [B, tps] : batch_tps) fmt::print("decode batch {:>3}: {:.0f} tok/s\n", B, tps);
+        if (prefill_tps > 0) fmt::print("prefill {} tokens: {:.0f} tok/s\n", prefill_len, prefill_tps);
+        fmt::print("graphs captured {} in {:.3f} s total; graph steps {}, eager steps {}\n", st.graphs_captured, st.capture_seconds,
+                   st.graph_steps, st.eager_steps);
+        std::string bt;
+        for (auto& [B, tps] : batch_tps) bt += fmt::format("{}\"{}\": {:.0f}", bt.empty() ? "" : ", ", B, tps);
+        fmt::print("JSON {{\"model\": \"{}\", \"copy_gbs\": {:.0f}, \"h2d_gbs\": {:.1f}, \"upload_s\": {:.3f}, \"upload_floor_s\": {:.3f}, "
+                   "\"first_token_ms\": {:.0f}, \"decode_ms\": {:.4f}, \"decode_device_ms\": {:.4f}, \"floor_ms\": {:.4f}, \"decode_tps\": {:.0f}, \"batch_tps\": {{{}}}, "
+                   "\"prefill_tps\": {:.0f}, \"capture_s\": {:.3f}}}\n",
+                   info.stem, copy_gbs, h2d_gbs, upload_s, upload_floor_s, first_token_ms, warm, device_ms, floor_ms, 1e3 / warm, bt, prefill_tps,
+                   st.capture_seconds);
+    } catch (const Error& e) {
+        fmt::print(stderr, "scr_cuda_bench: {}\n", e.what());
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,150 @@
+// Sparse MoE MLP on the GPU: the router linear, a routing kernel (softmax in f32, top-k in expert
+// order with the CPU kernel's tie-breaking, optional renormalization), the chosen experts'
+// SwiGLU MLPs as per-(row, expert) GEMVs that read each expert's weights through the device
+// pointer table, and a combine that sums a row's expert outputs in expert order (as
+// kernels/cpu/moe.hpp does), adding the residual.
+//
+// Workspace (floats, model-owned, sized by the compiler for max_batch_tokens rows):
+// logits R*E | top-k ids R*K | top-k weights R*K | activations R*K*F | expert outputs R*K*H.
+#pragma once
+
+#include "kernels/cuda/linear.cuh"
+
+namespace scr::kernels::cuda {
+
+template <int H, int F, int E, int TOPK>
+constexpr int64_t moe_workspace_floats(int64_t rows) {
+    return rows * (E + 2 * TOPK + int64_t(TOPK) * F + int64_t(TOPK) * H) + 64;
+}
+
+namespace detail {
+
+// The dot product of one weight row with one float row, summed over the warp (every lane gets it).
+template <int K, typename WT>
+__device__ __forceinline__ float warp_dot(const WT* __restrict__ w, const float* __restrict__ x, int lane) {
+    using V = Vec16<WT>;
+    constexpr int kVec = V::n;
+    static_assert(K % kVec == 0, "K must be a whole number of 16-byte chunks");
+    constexpr int kChunks = K / kVec, kBatch = 4;
+    float acc = 0.0f;
+    for (int c0 = 0; c0 < kChunks; c0 += kWarp * kBatch) {
+        uint4 wv[kBatch];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+            const int c = c0 + b * kWarp + lane;
+            if (c < kChunks) wv[b] = load_stream16(w + size_t(c) * kVec);
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+            const int c = c0 + b * kWarp + lane;
+            if (c >= kChunks) continue;
+            float wf[kVec];
+            V::unpack(wv[b], wf);
+#pragma unroll
+            for (int i = 0; i < kVec; i += 4) {
+                const float4 f = __ldg(reinterpret_cast<const float4*>(x + size_t(c) * kVec + i));
+                acc += f.x * wf[i] + f.y * wf[i + 1] + f.z * wf[i + 2] + f.w * wf[i + 3];
+            }
+        }
+    }
+    return warp_sum(acc);
+}
+
+template <int E, int TOPK, bool NORMALIZE>
+__global__ void moe_route_kernel(int rows, float* logits, int32_t* top_id, float* top_w) {
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    float* lg = logits + size_t(r) * E;
+    float mx = -INFINITY;
+    for (int e = 0; e < E; ++e) mx = fmaxf(mx, lg[e]);
+    float z = 0.0f;
+    for (int e = 0; e < E; ++e) z += (lg[e] = expf(lg[e] - mx));
+    for (int e = 0; e < E; ++e) lg[e] /= z;
+    float wsum = 0.0f;
+    int32_t* ids = top_id + size_t(r) * TOPK;
+    float* ws = top_w + size_t(r) * TOPK;
+    for (int j = 0; j < TOPK; ++j) {
+        int best = -1;
+        for (int e = 0; e < E; ++e) {
+            bool taken = false;
+            for (int i = 0; i < j; ++i) taken |= ids[i] == e;
+            if (!taken && (best < 0 || lg[e] > lg[best])) best = e;
+        }
+        ids[j] = best;
+        ws[j] = lg[best];
+        wsum += lg[best];
+    }
+    if (NORMALIZE)
+        for (int j = 0; j < TOPK; ++j) ws[j] /= wsum;
+}
+
+// act[p][f] = silu(x[row] . Wg_e[f]) * (x[row] . Wu_e[f]) for pair p = row * TOPK + j.
+template <int H, int F, int TOPK, typename WT>
+__global__ void __launch_bounds__(256) moe_up_kernel(const float* __restrict__ x, const void* const* __restrict__ experts,
+                                                     const int32_t* __restrict__ top_id, float* __restrict__ act) {
+    const int pair = blockIdx.y, f = blockIdx.x * 8 + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    if (f >= F) return;
+    const int e = top_id[pair];
+    const float* xr = x + size_t(pair / TOPK) * H;
+    const float g = warp_dot<H>(static_cast<const WT*>(experts[3 * e + 0]) + size_t(f) * H, xr, lane);
+    const float u = warp_dot<H>(static_cast<const WT*>(experts[3 * e + 1]) + size_t(f) * H, xr, lane);
+    if (lane == 0) act[size_t(pair) * F + f] = silu(g) * u;
+}
+
+// y[p][h] = act[p] . Wd_e[h]
+template <int H, int F, typename WT>
+__global__ void __launch_bounds__(256) moe_down_kernel(const float* __restrict__ act, const void* const* __restrict__ experts,
+                                                       const int32_t* __restrict__ top_id, float* __restrict__ y) {
+    const int pair = blockIdx.y, h = blockIdx.x * 8 + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    if (h >= H) return;
+    const int e = top_id[pair];
+    const float v = warp_dot<F>(static_cast<const WT*>(experts[3 * e + 2]) + size_t(h) * F, act + size_t(pair) * F, lane);
+    if (lane == 0) y[size_t(pair) * H + h] = v;
+}
+
+template <int H, int TOPK>
+__global__ void moe_combine_kernel(int rows, const int32_t* __restrict__ top_id, const float* __restrict__ top_w,
+                                   const float* __restrict__ y, const float* residual, float* out) {
+    const int r = blockIdx.y;
+    const int h = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows || h >= H) return;
+    // The row's experts in expert order (the CPU kernel's summation order).
+    int order[TOPK];
+    for (int j = 0; j < TOPK; ++j) order[j] = j;
+    for (int j = 1; j < TOPK; ++j)
+        for (int i = j; i > 0 && top_id[size_t(r) * TOPK + order[i]] < top_id[size_t(r) * TOPK + order[i - 1]]; --i) {
+            const int tmp = order[i];
+            order[i] = order[i - 1];
+            order[i - 1] = tmp;
+        }
+    float s = 0.0f;
+    for (int j = 0; j < TOPK; ++j) {
+        const int p = r * TOPK + order[j];
+        s = s + y[size_t(p) * H + h] * top_w[p];
+    }
+    const size_t at = size_t(r) * H + h;
+    out[at] = residual ? residual[at] + s : s;
+}
+
+}  // namespace detail
+
+template <int H, int F, int E, int TOPK, bool NORMALIZE, typename WT, typename RT>
+void moe(const Ctx& c, int rows, const float* x, const RT* router, const void* const* experts, const float* residual, float* out,
+         float* ws) {
+    static_assert(TOPK >= 1 && TOPK <= E && TOPK <= 32, "top_k must be within the expert count (and at most 32)");
+    if (rows <= 0) return;
+    float* logits = ws;
+    int32_t* top_id = reinterpret_cast<int32_t*>(logits + size_t(rows) * E);
+    float* top_w = reinterpret_cast<float*>(top_id + size_t(rows) * TOPK);
+    // 16-byte aligned rows for the vector loads
+    float* act = top_w + size_t(rows) * TOPK;
+    act += (4 - (reinterpret_cast<uintptr_t>(act) / 4) % 4) % 4;
+    float* y = act + size_t(rows) * TOPK * F;
+    linear<E, H, RT>(c, rows, x, router, nullptr, nullptr, logits);
+    detail::moe_route_kernel<E, TOPK, NORMALIZE><<<ceil_div(rows, 128), 128, 0, c.stream>>>(rows, logits, top_id, top_w);
+    detail::moe_up_kernel<H, F, TOPK, WT><<<dim3(ceil_div(F, 8), rows * TOPK), 256, 0, c.stream>>>(x, experts, top_id, act);
+    detail::moe_down_kernel<H, F, WT><<<dim3(ceil_div(H, 8), rows * TOPK), 256, 0, c.stream>>>(act, experts, top_id, y);
+    detail::moe_combine_kernel<H, TOPK><<<dim3(ceil_div(H, 128), rows), 128, 0, c.stream>>>(rows, top_id, top_w, y, residual, out);
+}
+
+}  // namespace scr::kernels::cuda

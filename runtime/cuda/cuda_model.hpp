@@ -1,0 +1,72 @@
+// What every generated CUDA specialization shares: the weights uploaded once to the GPU (pinned,
+// overlapped copies), the device scratch arena and logits, the step's arrays copied into one fixed
+// device buffer, the KV pool mirrored on the device, and whole decode steps captured as CUDA graphs
+// per batch-size bucket. Generated code implements `run` (the kernel launches of one step).
+//
+// The engine's KvPool stays the interface: its host memory is never touched (the engine maps it
+// lazily, so it costs nothing); the model keeps a device pool of the same block count and layout
+// keyed by that KvPool, so block ids, prefix caching and preemption work unchanged.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernels/cuda/step.hpp"
+#include "runtime/model/generated_support.hpp"
+
+namespace scr {
+
+class CudaGeneratedModel : public GeneratedModel {
+public:
+    CudaGeneratedModel(const ModelInfo& info, const WeightSet& weights, ThreadPool& pool, int64_t scratch_floats,
+                       int64_t moe_workspace_floats);
+    ~CudaGeneratedModel() override;
+
+    // Logits come back in host memory, as the interface says. A decode-only step (one token per
+    // sequence, logits for each) replays the CUDA graph of its batch-size bucket; any other step
+    // launches its kernels directly.
+    void forward(const StepBatch& batch, KvPool& kv, float* logits) final;
+
+    struct Stats {
+        double upload_seconds = 0;   // weights to the GPU, in the constructor
+        int64_t upload_bytes = 0;
+        int graphs_captured = 0;
+        double capture_seconds = 0;  // all graph captures so far
+        int64_t graph_steps = 0, eager_steps = 0;
+        double device_seconds = 0;   // with timing on: the steps' kernels, by CUDA events
+        int64_t timed_steps = 0;
+    };
+    const Stats& stats() const;
+    // Times each step's kernels with CUDA events (off by default; for benchmarks).
+    void set_timing(bool on);
+
+protected:
+    // Every kernel of one step for `rows` token rows and `logit_rows` rows of logits, on c.stream.
+    virtual void run(const kernels::cuda::Ctx& c, int rows, int logit_rows, std::byte* kv) = 0;
+
+    template <typename T>
+    const T* dw(int index) const { return static_cast<const T*>(dev_weights_[size_t(index)]); }
+    // Device address of the device-side pointer table at `index` (MoE expert lists).
+    const void* const* dwp(int index) const { return dev_weight_table_ + index; }
+    float* dev_scratch() const { return dev_scratch_; }
+    float* dev_logits() const { return dev_logits_; }
+    float* dev_moe_workspace() const { return dev_moe_ws_; }
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+    std::vector<const void*> dev_weights_;
+    const void* const* dev_weight_table_ = nullptr;
+    float* dev_scratch_ = nullptr;
+    float* dev_logits_ = nullptr;
+    float* dev_moe_ws_ = nullptr;
+};
+
+template <typename M>
+std::unique_ptr<CompiledModel> make_cuda_generated(const WeightSet& w, ThreadPool& pool) {
+    return std::make_unique<M>(w, pool);
+}
+
+}  // namespace scr
