@@ -7,7 +7,7 @@ import { startServer, chatPromptTokens, SCRIPTED } from './harness.mjs';
 let server, client;
 before(async () => {
   server = await startServer();
-  client = new Anthropic({ baseURL: server.url, apiKey: 'unused', maxRetries: 0 });
+  client = new Anthropic({ baseURL: server.url, apiKey: 'unused', maxRetries: 2 });
 });
 after(async () => { await server.stop(); });
 

@@ -8,7 +8,7 @@ import { startServer, metrics, waitIdle, chatPromptTokens, SCRIPTED } from './ha
 let server, client, idleFree;
 before(async () => {
   server = await startServer(SCRIPTED ? ['--step-ms', '2', '--max-num-seqs', '64'] : ['--max-num-seqs', '64']);
-  client = new OpenAI({ baseURL: server.baseURL, apiKey: 'unused', maxRetries: 0, timeout: 600_000 });
+  client = new OpenAI({ baseURL: server.baseURL, apiKey: 'unused', maxRetries: 2, timeout: 600_000 });
   idleFree = (await waitIdle(server)).scr_kv_cache_blocks_free;
 });
 after(async () => {

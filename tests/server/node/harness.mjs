@@ -43,9 +43,23 @@ function authHeaders(args) {
   return i >= 0 ? { Authorization: `Bearer ${args[i + 1]}` } : {};
 }
 
+// fetch, retried when a pooled keep-alive connection turns out closed: the server drops connections
+// idle for 5 s, and a client that reuses one at that moment sees a socket error (the SDKs retry these
+// too). Any other failure is thrown.
+export async function fetchRetry(url, init, attempts = 3) {
+  for (let i = 1; ; i++) {
+    try {
+      return await fetch(url, init);
+    } catch (e) {
+      const code = e.cause?.code;
+      if (i >= attempts || !(code === 'UND_ERR_SOCKET' || code === 'ECONNRESET')) throw e;
+    }
+  }
+}
+
 // Prometheus text -> { 'name{labels}': value }.
 export async function metrics(server) {
-  const text = await (await fetch(`${server.url}/metrics`)).text();
+  const text = await (await fetchRetry(`${server.url}/metrics`)).text();
   const out = {};
   for (const line of text.split('\n')) {
     if (!line || line.startsWith('#')) continue;
@@ -73,7 +87,7 @@ export async function waitIdle(server, baselineFree, { timeoutMs = 10_000 } = {}
 
 // Prompt tokens the server counts for a chat conversation (its /tokenize), for usage checks.
 export async function chatPromptTokens(server, messages) {
-  const r = await fetch(`${server.url}/tokenize`, {
+  const r = await fetchRetry(`${server.url}/tokenize`, {
     method: 'POST', headers: { 'Content-Type': 'application/json' },
     body: JSON.stringify({ messages }),
   });

@@ -8,7 +8,7 @@ import { startServer, chatPromptTokens, SCRIPTED } from './harness.mjs';
 let server, client;
 before(async () => {
   server = await startServer();
-  client = new OpenAI({ baseURL: server.baseURL, apiKey: 'unused', maxRetries: 0 });
+  client = new OpenAI({ baseURL: server.baseURL, apiKey: 'unused', maxRetries: 2 });
 });
 after(async () => {
   const { code } = await server.stop();
@@ -221,15 +221,15 @@ describe('authentication and limits', () => {
   after(async () => { await guarded.stop(); });
 
   test('401 AuthenticationError for a wrong key; the right key works', async () => {
-    const wrong = new OpenAI({ baseURL: guarded.baseURL, apiKey: 'sk-wrong', maxRetries: 0 });
+    const wrong = new OpenAI({ baseURL: guarded.baseURL, apiKey: 'sk-wrong', maxRetries: 2 });
     await assert.rejects(wrong.models.list(), OpenAI.AuthenticationError);
-    const right = new OpenAI({ baseURL: guarded.baseURL, apiKey: 'sk-right', maxRetries: 0 });
+    const right = new OpenAI({ baseURL: guarded.baseURL, apiKey: 'sk-right', maxRetries: 2 });
     const r = await right.chat.completions.create({ model: guarded.model, messages: say('ok'), max_tokens: 4 });
     assert.equal(r.choices.length, 1);
   });
 
   test('413 for an oversized body', async () => {
-    const right = new OpenAI({ baseURL: guarded.baseURL, apiKey: 'sk-right', maxRetries: 0 });
+    const right = new OpenAI({ baseURL: guarded.baseURL, apiKey: 'sk-right', maxRetries: 2 });
     await assert.rejects(right.chat.completions.create({ model: guarded.model, messages: say('x'.repeat(100_000)) }),
                          (e) => e instanceof OpenAI.APIError && e.status === 413);
   });
