@@ -538,8 +538,9 @@ private:
         else if (f == "rope") r = op_rope(a);
         else if (f == "attention") r = op_attention(a);
         else if (f == "moe") r = op_moe(a);
+        else if (f == "mla") r = op_mla(a);
         else err(e.loc, fmt::format("unknown op `{}` (ops: embed, rmsnorm, linear, split, silu, gelu_tanh, softcap, rope, "
-                                    "attention, moe; compile-time: len, sqrt, log)", f));
+                                    "attention, mla, moe; compile-time: len, sqrt, log)", f));
         for (auto& [k, _] : a.kw)
             if (!a.used.count(k)) err(e.loc, fmt::format("{}() has no keyword argument `{}`", f, k));
         if (shape && f != "linear") {
@@ -910,6 +911,53 @@ private:
         kv.head_dim = int(qd[1]);
         kv.window = int(window);
         g().kv.push_back(kv);
+        g().ops.push_back(op);
+        return act(op.out[0]);
+    }
+
+    // mla(q_nope, q_rot, c, k_rot, kv_b_proj, v_dim=, scale=[, window=]): DeepSeek's multi-head latent
+    // attention with the compressed KV cache. The cache holds, per token, the normalized latent c
+    // [lora] and the shared rotated key k_rot [rope]; kv_b_proj's key half is absorbed into the
+    // queries and its value half applied to the attended latents (vLLM's MLA decode formulation).
+    Val op_mla(Args& a) {
+        const auto& loc = a.call.loc;
+        if (head_) err(loc, "mla() cannot run on the logit rows (after the layer loop)");
+        int qn = input(loc, a.at(0, "q_nope"), "mla()'s q_nope");
+        int qr = input(loc, a.at(1, "q_rot"), "mla()'s q_rot");
+        int c = input(loc, a.at(2, "latent"), "mla()'s latent");
+        int kr = input(loc, a.at(3, "k_rot"), "mla()'s k_rot");
+        std::string wkv = path_arg(loc, a.at(4, "kv_b_proj"), "mla()'s kv_b_proj");
+        auto d = [&](int v) { return g().values[v].dims; };
+        if (d(qn).size() != 2 || d(qr).size() != 2 || d(qn)[0] != d(qr)[0])
+            err(loc, "mla(): q_nope and q_rot must be [heads, dim] with the same heads");
+        if (g().values[kr].width() != d(qr)[1]) err(loc, fmt::format("mla(): k_rot has {} floats but q_rot heads {}", g().values[kr].width(), d(qr)[1]));
+        auto v_dim_val = a.key("v_dim");
+        if (!v_dim_val) err(loc, "mla() needs v_dim=");
+        const int64_t heads = d(qn)[0], nope = d(qn)[1], rope = d(qr)[1], lora = g().values[c].width();
+        const int64_t v_dim = int_arg(loc, *v_dim_val, "mla()'s v_dim");
+        double scale = 1.0 / std::sqrt(double(nope + rope));
+        if (auto s = a.key("scale")) scale = num_arg(loc, *s, "mla()'s scale");
+        int64_t window = 0;
+        if (auto w = a.key("window")) window = int_arg(loc, *w, "mla()'s window");
+        ir::Op op = make_op(ir::OpKind::mla, loc);
+        op.in = {qn, qr, c, kr};
+        op.weights = {tensor(loc, wkv + ".weight", {heads * (nope + v_dim), lora}, ir::TensorRole::linear)};
+        op.attr["heads"] = double(heads);
+        op.attr["nope"] = double(nope);
+        op.attr["rope"] = double(rope);
+        op.attr["lora"] = double(lora);
+        op.attr["v_dim"] = double(v_dim);
+        op.attr["scale"] = scale;
+        op.attr["window"] = double(window);
+        op.workspace = int64_t(out_.params.max_batch_tokens) * heads * (2 * lora + rope) + 64;
+        op.kv_index = int(g().kv.size());
+        ir::KvLayout kv;
+        kv.kv_heads = 1;
+        kv.head_dim = int(lora + rope);
+        kv.window = int(window);
+        kv.v_shared = true;
+        g().kv.push_back(kv);
+        op.out = {new_value({heads, v_dim}, ir::Rows::tokens)};
         g().ops.push_back(op);
         return act(op.out[0]);
     }

@@ -19,6 +19,7 @@ const char* op_name(OpKind k) {
         case OpKind::linear_geglu: return "linear_geglu";
         case OpKind::softcap: return "softcap";
         case OpKind::slice: return "slice";
+        case OpKind::mla: return "mla";
         case OpKind::gather_rows: return "gather_rows";
     }
     return "?";

@@ -54,6 +54,10 @@ enum class OpKind {
     attention,      // append k, v to this layer's KV blocks; causal attention over the sequence
                     // attr: scale, window (0 = all), softcap (0 = none), sinks (1: weights[0] = [q_heads] logits)
     moe,            // router softmax top-k, expert SwiGLU MLPs, weighted sum
+    mla,            // multi-head latent attention (DeepSeek): in q_nope [H,NOPE], q_rot [H,R], latent c [1,L],
+                    // k_rot [1,R]; weights[0] kv_b_proj [H*(NOPE+V), L]; caches [c, k_rot] per token (one
+                    // shared row, values = its first L floats); out [H,V]. attr heads, nope, rope, lora,
+                    // v_dim, scale, window; workspace for the absorbed queries and latent outputs
     add, mul, silu, // elementwise
     scale,          // y = x * attr factor (a compile-time number: Granite's multipliers, Gemma's sqrt(hidden))
     gelu_tanh,      // y = gelu(x, approximate="tanh") (gelu_pytorch_tanh)
@@ -85,6 +89,7 @@ struct KvLayout {
     int kv_heads = 0, head_dim = 0;
     int64_t k_offset = 0, v_offset = 0;  // bytes inside one block
     int window = 0;                      // sliding window in tokens (0: the whole sequence)
+    bool v_shared = false;               // MLA: no separate V; values are the first floats of each K row
 };
 
 struct Graph {

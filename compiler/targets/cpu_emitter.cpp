@@ -149,6 +149,12 @@ private:
                     return head + fmt::format(", {}, {});", float_literal(op.attr.at("alpha")), float_literal(op.attr.at("limit")));
                 return head + ");";
             }
+            case ir::OpKind::mla:
+                return fmt::format("k::mla<{}, {}, {}, {}, {}, {}, {}, {}>(ab, {}, {}, {}, {}, {}, kv.data, kKvBlockBytes, kKvK[kl + {}], {}, {}, {}, S + {}, P);",
+                                   attr("heads"), attr("nope"), attr("rope"), attr("lora"), attr("v_dim"), b_.params.block_size,
+                                   wt(0), ctype(b_.preset.kv_cache), ptr(in[0]), ptr(in[1]), ptr(in[2]), ptr(in[3]), W(0),
+                                   op.kv_index - kbase, float_literal(op.attr.at("scale")), attr("window"), ptr(o0),
+                                   op.workspace_offset);
             case ir::OpKind::add:
                 return fmt::format("k::add<{}>({}, {}, {}, {}, P);", g_.values[o0].width(), rows(o0), ptr(in[0]), ptr(in[1]), ptr(o0));
             case ir::OpKind::mul:

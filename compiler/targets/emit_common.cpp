@@ -68,10 +68,11 @@ Sizes sizes_of(const bind::Bound& b) {
     int64_t off = 0;
     for (auto& kv : g.kv) {
         int64_t one = int64_t(kv.kv_heads) * b.params.block_size * kv.head_dim * kvb;
+        const int parts = kv.v_shared ? 1 : 2;  // MLA caches one latent row per token
         s.k_offsets.push_back(off);
-        s.v_offsets.push_back(off + one);
-        off += 2 * one;
-        s.kv_bytes_per_token += 2 * int64_t(kv.kv_heads) * kv.head_dim * kvb;
+        s.v_offsets.push_back(kv.v_shared ? off : off + one);
+        off += parts * one;
+        s.kv_bytes_per_token += parts * int64_t(kv.kv_heads) * kv.head_dim * kvb;
     }
     s.kv_block_bytes = off;
     s.scratch_bytes = g.scratch_floats * 4;

@@ -4,4 +4,5 @@
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/elementwise.hpp"
 #include "kernels/cpu/linear.hpp"
+#include "kernels/cpu/mla.hpp"
 #include "kernels/cpu/moe.hpp"
