@@ -1393,7 +1393,9 @@ std::string strftime_now(const std::string& fmt_str) {
     return std::string(buf, n);
 }
 
-void add_builtins(Scope& globals) {
+// `namespaces` collects every namespace() made during a render: they are the only mutable objects,
+// so any reference cycle runs through one, and clearing them afterwards frees it.
+void add_builtins(Scope& globals, std::vector<Value>& namespaces) {
     globals.vars["range"] = make_function("range", [](CallArgs& a) -> Value {
         for (const auto& v : a.positional)
             if (!v.is_int() && !v.is_bool()) eval_fail("range() arguments must be integers");
@@ -1415,7 +1417,7 @@ void add_builtins(Scope& globals) {
         }
         return Value(std::move(out));
     });
-    globals.vars["namespace"] = make_function("namespace", [](CallArgs& a) -> Value {
+    globals.vars["namespace"] = make_function("namespace", [&namespaces](CallArgs& a) -> Value {
         Object o;
         o.is_namespace = true;
         for (const auto& p : a.positional) {
@@ -1423,7 +1425,9 @@ void add_builtins(Scope& globals) {
             for (const auto& [k, v] : p.object().items) o.set(k, v);
         }
         for (const auto& [k, v] : a.keyword) o.set(k, v);
-        return Value(std::move(o));
+        Value ns(std::move(o));
+        namespaces.push_back(ns);
+        return ns;
     });
     globals.vars["dict"] = make_function("dict", [](CallArgs& a) -> Value {
         Object o;
@@ -1455,8 +1459,15 @@ Template& Template::operator=(Template&&) noexcept = default;
 
 std::string Template::render(const Value& context) const {
     if (!context.is_object()) scr::fail("{}: the render context must be an object", name_);
+    std::vector<Value> namespaces;
+    struct BreakCycles {
+        std::vector<Value>& ns;
+        ~BreakCycles() {
+            for (auto& v : ns) v.object_mut().items.clear();
+        }
+    } break_cycles{namespaces};
     Scope globals;
-    add_builtins(globals);
+    add_builtins(globals, namespaces);
     for (const auto& [k, v] : context.object().items) globals.vars[k] = v;
     Renderer r(name_, globals);
     std::string out;

@@ -37,7 +37,10 @@ protected:
 
 std::string ids_str(const std::vector<int32_t>& v) {
     std::string s;
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+    for (size_t i = 0; i < v.size(); ++i) {
+        if (i) s.push_back(',');
+        s.append(std::to_string(v[i]));
+    }
     return s;
 }
 
