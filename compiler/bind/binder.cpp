@@ -8,6 +8,7 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <unordered_map>
 
 #include "runtime/core/error.hpp"
 
@@ -407,13 +408,14 @@ private:
 
     int tensor(const SourceLoc& loc, const std::string& name, std::vector<int64_t> shape, ir::TensorRole role,
                bool optional = false) {
-        for (size_t i = 0; i < g().tensors.size(); ++i) {
-            auto& t = g().tensors[i];
-            if (t.name != name) continue;
+        // By name: a tensor used twice (tied embeddings) is one entry. A map, as MoE models have
+        // tens of thousands of expert tensors.
+        if (auto it = tensor_index_.find(name); it != tensor_index_.end()) {
+            auto& t = g().tensors[size_t(it->second)];
             if (t.shape != shape)
                 err(loc, fmt::format("tensor {} is used with shape [{}] here but [{}] elsewhere", name,
                                      fmt::join(shape, ", "), fmt::join(t.shape, ", ")));
-            return int(i);
+            return it->second;
         }
         ir::Tensor t;
         t.name = name;
@@ -428,6 +430,7 @@ private:
             case ir::TensorRole::bias: t.dtype = preset_.norm; break;
         }
         g().tensors.push_back(t);
+        tensor_index_[name] = int(g().tensors.size() - 1);
         return int(g().tensors.size() - 1);
     }
 
@@ -1077,6 +1080,7 @@ private:
     std::set<std::string> recorded_;
     std::map<int, int> gathered_;
     std::map<std::string, RopeParams> rope_;  // by layer type ("": the model's one set)
+    std::unordered_map<std::string, int> tensor_index_;
     std::string prefix_, current_src_;
     bool in_const_ = false, in_loop_ = false, head_ = false;
     int layer_ = -1;

@@ -218,7 +218,7 @@ private:
         }
         std::string o;
         const std::string ind = "        ";
-        o += "        const int wl = 0, kl = 0;\n";
+        o += "        const int wl = 0, kl = 0;\n        (void)kl;  // each layer block declares its own\n";
         o += lines(pre, 0, 0, ind);
         // Runs of consecutive layers whose code is identical relative to their first weight and KV
         // slot fold into one loop (typically layers 1..N-1; layer 0 can differ only in scratch
