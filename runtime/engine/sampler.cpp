@@ -15,9 +15,17 @@ double log_sum_exp(const float* x, int n, float max_value) {
     return double(max_value) + std::log(s);
 }
 
+// Max over a row in 16 independent lanes, so the compiler can keep them in vector registers (a
+// single running max is a serial dependency chain). NaNs are ignored.
 float max_of(const float* x, int n) {
+    float lanes[16];
+    std::fill(lanes, lanes + 16, kNegInf);
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; ++k) lanes[k] = lanes[k] < x[i + k] ? x[i + k] : lanes[k];
     float m = kNegInf;
-    for (int i = 0; i < n; ++i) m = std::max(m, x[i]);
+    for (int k = 0; k < 16; ++k) m = m < lanes[k] ? lanes[k] : m;
+    for (; i < n; ++i) m = m < x[i] ? x[i] : m;
     return m;
 }
 }  // namespace
@@ -78,9 +86,25 @@ void Sampler::apply_penalties(float* logits, const SamplingParams& p, std::span<
 
 int32_t Sampler::argmax(const float* logits) const {
     // vLLM: vllm/v1/sample/sampler.py:L168 (greedy_sample); the first maximum wins.
-    int32_t best = 0;
-    for (int32_t i = 1; i < vocab_; ++i) if (logits[i] > logits[best]) best = i;
-    return best;
+    // One pass, 16 lanes each keeping its maximum and where it first occurred (vectorizable);
+    // then the best lane, the lowest index among equal maxima. NaNs are ignored.
+    float val[16];
+    int32_t idx[16];
+    std::fill(val, val + 16, kNegInf);
+    std::fill(idx, idx + 16, 0);
+    int32_t i = 0;
+    for (; i + 16 <= vocab_; i += 16)
+        for (int k = 0; k < 16; ++k) {
+            const bool better = logits[i + k] > val[k];
+            val[k] = better ? logits[i + k] : val[k];
+            idx[k] = better ? i + k : idx[k];
+        }
+    float best = kNegInf;
+    int32_t best_i = 0;
+    for (int k = 0; k < 16; ++k)
+        if (val[k] > best || (val[k] == best && idx[k] < best_i)) { best = val[k]; best_i = idx[k]; }
+    for (; i < vocab_; ++i) if (logits[i] > best) { best = logits[i]; best_i = i; }
+    return best_i;
 }
 
 void Sampler::apply_min_p_top_k_top_p(float* logits, const SamplingParams& p) {
