@@ -27,18 +27,20 @@ std::string plan_literal(const AnyPlan& any) {
                                p.cores, p.tile_rows);
         }
         std::string operator()(const sp::NormPlan& p) const {
-            return fmt::format("sp::NormPlan{{.rows_max = {}, .row = {}, .cores = {}, .tile_rows = {}}}", p.rows_max, row_lit(p.row),
-                               p.cores, p.tile_rows);
+            return fmt::format("sp::NormPlan{{.rows_max = {}, .row = {}, .cores = {}, .tile_rows = {}, .offset = {}}}", p.rows_max,
+                               row_lit(p.row), p.cores, p.tile_rows, float_literal(p.offset));
         }
         std::string operator()(const sp::RopePlan& p) const {
             return fmt::format("sp::RopePlan{{.rows_max = {}, .q_heads = {}, .k_heads = {}, .head_dim = {}, .rot = {}, .cores = {}, "
-                               ".tile_rows = {}}}",
-                               p.rows_max, p.q_heads, p.k_heads, p.head_dim, p.rot, p.cores, p.tile_rows);
+                               ".tile_rows = {}, .mscale = {}}}",
+                               p.rows_max, p.q_heads, p.k_heads, p.head_dim, p.rot, p.cores, p.tile_rows, float_literal(p.mscale));
         }
         std::string operator()(const sp::EltwisePlan& p) const {
-            const char* op = p.op == sp::Eltwise::add ? "add" : p.op == sp::Eltwise::mul ? "mul" : "silu";
-            return fmt::format("sp::EltwisePlan{{.rows_max = {}, .row = {}, .op = sp::Eltwise::{}, .cores = {}, .tile_rows = {}}}",
-                               p.rows_max, row_lit(p.row), op, p.cores, p.tile_rows);
+            const char* op = p.op == sp::Eltwise::add ? "add" : p.op == sp::Eltwise::mul ? "mul" : p.op == sp::Eltwise::silu ? "silu" : "scale";
+            return fmt::format("sp::EltwisePlan{{.rows_max = {}, .row = {}, .op = sp::Eltwise::{}, .cores = {}, .tile_rows = {}, "
+                               ".factor = {}, .out_f32 = {}}}",
+                               p.rows_max, row_lit(p.row), op, p.cores, p.tile_rows, float_literal(p.factor),
+                               p.out_f32 ? "true" : "false");
         }
         std::string operator()(const sp::GatherPlan& p) const {
             return fmt::format("sp::GatherPlan{{.rows_max = {}, .row = {}, .cores = {}, .tile_rows = {}}}", p.rows_max,
@@ -283,10 +285,12 @@ private:
             case ir::OpKind::mul:
                 return ind + fmt::format("sp::eltwise<{}>(dev_, {}, {}, {}, {});\n", K(0), rows(o0), A(op.in[0]), A(op.in[1]), A(o0));
             case ir::OpKind::silu:
+            case ir::OpKind::scale:
                 return ind + fmt::format("sp::eltwise<{}>(dev_, {}, {}, -1, {});\n", K(0), rows(o0), A(op.in[0]), A(o0));
             case ir::OpKind::gather_rows:
                 return ind + fmt::format("sp::gather_rows<{}>(dev_, s_, {}, {}, {});\n", K(0), b_.params.max_batch_tokens, A(op.in[0]),
                                          A(o0));
+            default: break;
         }
         fail("spyre emitter: unhandled op {}", ir::op_name(op.kind));
     }

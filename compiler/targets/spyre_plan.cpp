@@ -131,6 +131,13 @@ struct Failure {
     std::string text;
 };
 
+template <class Map>
+std::string known_ops(const Map& known) {
+    std::string o;
+    for (auto& [k, v] : known) o += std::string(o.empty() ? "" : ", ") + ir::op_name(k);
+    return o;
+}
+
 class Planner {
 public:
     Planner(const bind::Bound& b, int64_t budget) : b_(b), g_(b.graph), budget_(budget) {
@@ -152,37 +159,59 @@ public:
 private:
     // ---- what the target implements -----------------------------------------------------------------
     void check_supported() {
-        static const std::map<ir::OpKind, std::set<std::string>> known = {
+        // Per op: the attributes the kernels implement (any value), and those implemented only at
+        // their neutral value (anything else is refused by name, never silently ignored).
+        struct Attrs {
+            std::set<std::string> any;
+            std::map<std::string, double> neutral;
+        };
+        static const std::map<ir::OpKind, Attrs> known = {
             {ir::OpKind::embed, {}},
-            {ir::OpKind::rmsnorm, {"eps", "dim"}},
-            {ir::OpKind::linear, {"n", "k"}},
-            {ir::OpKind::linear_swiglu, {"n", "k"}},
-            {ir::OpKind::rope, {"rotary_dim", "q_heads", "k_heads", "head_dim"}},
-            {ir::OpKind::attention, {"q_heads", "kv_heads", "head_dim", "v_head_dim", "scale", "window", "softcap"}},
-            {ir::OpKind::moe, {"experts", "top_k", "ffn", "hidden", "normalize"}},
+            {ir::OpKind::rmsnorm, {{"eps", "dim", "offset"}, {}}},
+            {ir::OpKind::linear, {{"n", "k"}, {}}},
+            {ir::OpKind::linear_swiglu, {{"n", "k"}, {}}},
+            {ir::OpKind::rope, {{"rotary_dim", "q_heads", "k_heads", "head_dim", "mscale"}, {{"interleaved", 0}, {"long_after", 0}}}},
+            {ir::OpKind::attention,
+             {{"q_heads", "kv_heads", "head_dim", "v_head_dim", "scale", "window", "softcap"}, {{"sinks", 0}}}},
+            // alpha / limit only shape GPT-OSS's stacked experts (layout 1), which is refused.
+            {ir::OpKind::moe,
+             {{"experts", "top_k", "ffn", "hidden", "normalize", "alpha", "limit"},
+              {{"layout", 0}, {"scoring", 0}, {"groups", 1}, {"topk_groups", 1}, {"scale", 1}, {"router_bias_index", -1},
+               {"choice_bias_index", -1}}}},
             {ir::OpKind::add, {}},
             {ir::OpKind::mul, {}},
             {ir::OpKind::silu, {}},
+            {ir::OpKind::scale, {{"factor"}, {}}},
             {ir::OpKind::gather_rows, {}},
         };
         for (auto& op : g_.ops) {
             auto it = known.find(op.kind);
             if (it == known.end())
-                fail("{}:{}: the spyre target has no tiled kernel for op `{}` yet (layer {})", op.loc.file, op.loc.line,
-                     ir::op_name(op.kind), op.layer);
-            // Attributes other targets added whose neutral value (0: no window, no softcap, no sinks)
-            // needs nothing from the Spyre kernels.
-            static const std::set<std::string> neutral_when_zero = {"sinks"};
-            for (auto& [k, v] : op.attr)
-                if (!it->second.count(k) && !(neutral_when_zero.count(k) && v == 0))
+                fail("{}:{}: the spyre target has no tiled kernel for op `{}` yet (layer {}); it plans {}", op.loc.file,
+                     op.loc.line, ir::op_name(op.kind), op.layer, known_ops(known));
+            for (auto& [k, v] : op.attr) {
+                if (it->second.any.count(k)) continue;
+                auto n = it->second.neutral.find(k);
+                if (n == it->second.neutral.end())
                     fail("{}:{}: the spyre target does not implement `{}` with attribute `{}` yet (layer {})", op.loc.file,
                          op.loc.line, ir::op_name(op.kind), k, op.layer);
+                if (v != n->second)
+                    fail("{}:{}: the spyre target implements `{}` only with {} = {}, not {} (layer {})", op.loc.file, op.loc.line,
+                         ir::op_name(op.kind), k, n->second, v, op.layer);
+            }
             if (op.kind == ir::OpKind::attention && op.attr.at("v_head_dim") != op.attr.at("head_dim"))
                 fail("{}:{}: the spyre target plans attention with equal q/k and v head dims only", op.loc.file, op.loc.line);
             if (op.kind == ir::OpKind::moe && op.attr.at("top_k") > 64)
                 fail("{}:{}: the spyre MoE combine orders at most 64 experts per row (top_k {})", op.loc.file, op.loc.line,
                      op.attr.at("top_k"));
         }
+        // The logits are stored as f32, which the linear and elementwise kernels can write.
+        for (auto& op : g_.ops)
+            if (std::find(op.out.begin(), op.out.end(), g_.output) != op.out.end() && op.kind != ir::OpKind::linear &&
+                op.kind != ir::OpKind::add && op.kind != ir::OpKind::mul && op.kind != ir::OpKind::silu &&
+                op.kind != ir::OpKind::scale)
+                fail("{}:{}: the spyre target writes the logits from a linear or an elementwise op, not from `{}`", op.loc.file,
+                     op.loc.line, ir::op_name(op.kind));
         for (auto& t : g_.tensors)
             if (t.dtype != DType::f32 && t.dtype != DType::bf16 && t.dtype != DType::f16)
                 fail("tensor {}: the spyre target uploads f32/bf16/f16 checkpoints to fp16; preset dtype {} is not supported",
@@ -494,28 +523,36 @@ private:
                 const int64_t dim = int64_t(op.attr.at("dim"));
                 if (dim != row.group) fail("spyre: rmsnorm over {} of a row shaped {}x{} is not planned", dim, row.groups, row.group);
                 const int64_t rows = rows_max(in(0));
-                plan_rows<sp::NormPlan>(o, what, rows, [&](int c, int64_t t) { return sp::NormPlan{rows, row, c, t}; });
+                const float offset = op.attr.count("offset") ? float(op.attr.at("offset")) : 0.0f;
+                plan_rows<sp::NormPlan>(o, what, rows, [&](int c, int64_t t) { return sp::NormPlan{rows, row, c, t, offset}; });
                 break;
             }
             case ir::OpKind::rope: {
                 const int64_t hq = int64_t(op.attr.at("q_heads")), hk = int64_t(op.attr.at("k_heads")),
                               d = int64_t(op.attr.at("head_dim")), rot = int64_t(op.attr.at("rotary_dim"));
                 o.table = plan_.dev.rope_tables.at(op.table);
-                plan_rows<sp::RopePlan>(o, what, tmax_, [&](int c, int64_t t) { return sp::RopePlan{tmax_, hq, hk, d, rot, c, t}; });
+                const float mscale = op.attr.count("mscale") ? float(op.attr.at("mscale")) : 1.0f;
+                plan_rows<sp::RopePlan>(o, what, tmax_,
+                                        [&](int c, int64_t t) { return sp::RopePlan{tmax_, hq, hk, d, rot, c, t, mscale}; });
                 break;
             }
             case ir::OpKind::add:
             case ir::OpKind::mul:
-            case ir::OpKind::silu: {
+            case ir::OpKind::silu:
+            case ir::OpKind::scale: {
                 const sp::RowShape row = row_shape(g_.values[op.out[0]]);
-                const sp::Eltwise e = op.kind == ir::OpKind::add ? sp::Eltwise::add
+                const sp::Eltwise e = op.kind == ir::OpKind::add   ? sp::Eltwise::add
                                       : op.kind == ir::OpKind::mul ? sp::Eltwise::mul
-                                                                   : sp::Eltwise::silu;
+                                      : op.kind == ir::OpKind::silu ? sp::Eltwise::silu
+                                                                    : sp::Eltwise::scale;
+                const float factor = op.attr.count("factor") ? float(op.attr.at("factor")) : 1.0f;
                 for (int v : op.in)
                     if (row_shape(g_.values[v]).padded() != row.padded() || row_shape(g_.values[v]).group != row.group)
                         fail("spyre: {} of differently shaped rows is not planned", ir::op_name(op.kind));
                 const int64_t rows = rows_max(op.out[0]);
-                plan_rows<sp::EltwisePlan>(o, what, rows, [&](int c, int64_t t) { return sp::EltwisePlan{rows, row, e, c, t}; });
+                const bool out_f32 = op.out[0] == g_.output;
+                plan_rows<sp::EltwisePlan>(o, what, rows,
+                                           [&](int c, int64_t t) { return sp::EltwisePlan{rows, row, e, c, t, factor, out_f32}; });
                 break;
             }
             case ir::OpKind::gather_rows: {
@@ -538,6 +575,7 @@ private:
             }
             case ir::OpKind::attention: plan_attention(o, op); break;
             case ir::OpKind::moe: plan_moe(o, op); break;
+            default: fail("spyre: op {} is not planned", ir::op_name(op.kind));
         }
         plan_.ops.push_back(std::move(o));
     }

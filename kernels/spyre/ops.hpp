@@ -173,7 +173,7 @@ void rmsnorm(Device& dev, int64_t rows, int64_t in_off, int64_t w_off, float eps
                 float ss = 0;
                 for (int64_t e = 0; e < P.row.group; ++e) ss = std::fma(h2f(xs[e]), h2f(xs[e]), ss);
                 const float inv = 1.0f / std::sqrt(ss / float(P.row.group) + eps);
-                for (int64_t e = 0; e < P.row.group; ++e) ys[e] = f2h(h2f(wv[e]) * (h2f(xs[e]) * inv));
+                for (int64_t e = 0; e < P.row.group; ++e) ys[e] = f2h((P.offset + h2f(wv[e])) * (h2f(xs[e]) * inv));
                 for (int64_t e = P.row.group; e < gp; ++e) ys[e] = 0;
             }
             c.store(out, t0 * rb, y, 0, n * rb);
@@ -209,8 +209,8 @@ void rope(Device& dev, const Step& s, int64_t q_in, int64_t k_in, int64_t q_out,
                 const float p = float(pos.at(at + i));
                 for (int64_t j = 0; j < half; ++j) {
                     const float angle = p * inv_freq[j];
-                    cosv[j] = std::cos(angle);
-                    sinv[j] = std::sin(angle);
+                    cosv[j] = std::cos(angle) * P.mscale;
+                    sinv[j] = std::sin(angle) * P.mscale;
                 }
                 auto rotate = [&](const LxView<uint16_t>& v, int64_t heads) {
                     for (int64_t h = 0; h < heads; ++h) {
@@ -233,34 +233,41 @@ void rope(Device& dev, const Step& s, int64_t q_in, int64_t k_in, int64_t q_out,
 
 template <EltwisePlan P>
 void eltwise(Device& dev, int64_t rows, int64_t a_off, int64_t b_off, int64_t out_off) {
-    constexpr int64_t rb = P.row.bytes();
+    constexpr int64_t rb = P.row.bytes(), ob = P.out_row_bytes();
+    using Out = std::conditional_t<P.out_f32, float, uint16_t>;
+    auto put = [](float v) {
+        if constexpr (P.out_f32) return v;
+        else return f2h(v);
+    };
     const DevRegion ar = dev.region(a_off, P.rows_max * rb, "elementwise a");
     const DevRegion br = P.inputs() == 2 ? dev.region(b_off, P.rows_max * rb, "elementwise b") : DevRegion{};
-    const DevRegion out = dev.region(out_off, P.rows_max * rb, "elementwise out");
+    const DevRegion out = dev.region(out_off, P.rows_max * ob, "elementwise out");
     dev.run(cores_for_rows(rows, P.cores), [&](Core& c) {
         const RowRange r = rows_of_core(rows, P.cores, c.id());
         int copy = 0;
         for (int64_t t0 = r.begin; t0 < r.end; t0 += P.tile_rows, copy ^= 1) {
             const int64_t n = std::min(P.tile_rows, r.end - t0);
             auto a = c.buf<uint16_t>(P, EltwisePlan::a, copy);
-            auto y = c.buf<uint16_t>(P, EltwisePlan::out, copy);
+            auto y = c.buf<Out>(P, EltwisePlan::out, copy);
             c.load(a, 0, ar, t0 * rb, n * rb);
             const int64_t count = n * P.row.padded();
             const uint16_t* av = a.span(0, count);
-            uint16_t* yv = y.span(0, count);
+            Out* yv = y.span(0, count);
             if constexpr (P.op == Eltwise::silu) {
                 for (int64_t i = 0; i < count; ++i) {
                     const float x = h2f(av[i]);
-                    yv[i] = f2h(x * (1.0f / (1.0f + std::exp(-x))));
+                    yv[i] = put(x * (1.0f / (1.0f + std::exp(-x))));
                 }
+            } else if constexpr (P.op == Eltwise::scale) {
+                for (int64_t i = 0; i < count; ++i) yv[i] = put(h2f(av[i]) * P.factor);
             } else {
                 auto b = c.buf<uint16_t>(P, EltwisePlan::b, copy);
                 c.load(b, 0, br, t0 * rb, n * rb);
                 const uint16_t* bv = b.span(0, count);
                 for (int64_t i = 0; i < count; ++i)
-                    yv[i] = f2h(P.op == Eltwise::add ? h2f(av[i]) + h2f(bv[i]) : h2f(av[i]) * h2f(bv[i]));
+                    yv[i] = put(P.op == Eltwise::add ? h2f(av[i]) + h2f(bv[i]) : h2f(av[i]) * h2f(bv[i]));
             }
-            c.store(out, t0 * rb, y, 0, n * rb);
+            c.store(out, t0 * ob, y, 0, n * ob);
         }
     });
 }

@@ -91,12 +91,14 @@ struct EmbedPlan {
     constexpr bool valid() const { return row_split_ok(rows_max, cores, tile_rows); }
 };
 
-// RMSNorm over each group of a row (a [hidden] row is one group; q/k norms one per head).
+// RMSNorm over each group of a row (a [hidden] row is one group; q/k norms one per head); the
+// weight is applied as (offset + w) (Gemma's 1 + w).
 struct NormPlan {
     int64_t rows_max = 0;
     RowShape row;
     int cores = 1;
     int64_t tile_rows = 1;
+    float offset = 0;
     static constexpr int kBuffers = 3;
     enum { weight, in, out };
     constexpr LxBuffer buffer(int i) const {
@@ -109,12 +111,14 @@ struct NormPlan {
     constexpr bool valid() const { return row_split_ok(rows_max, cores, tile_rows); }
 };
 
-// Rotates the first `rot` dims of every q and k head (neox layout), cos/sin per row on the SFU.
+// Rotates the first `rot` dims of every q and k head (neox layout), cos/sin (times mscale) per
+// row on the SFU.
 struct RopePlan {
     int64_t rows_max = 0;
     int64_t q_heads = 1, k_heads = 1, head_dim = 1, rot = 2;
     int cores = 1;
     int64_t tile_rows = 1;
+    float mscale = 1;
     static constexpr int kBuffers = 5;
     enum { pos, q, k, freq, cs };
     constexpr LxBuffer buffer(int i) const {
@@ -129,7 +133,7 @@ struct RopePlan {
     constexpr bool valid() const { return row_split_ok(rows_max, cores, tile_rows) && rot % 2 == 0 && rot <= head_dim; }
 };
 
-enum class Eltwise : int { add, mul, silu };
+enum class Eltwise : int { add, mul, silu, scale };
 
 struct EltwisePlan {
     int64_t rows_max = 0;
@@ -137,14 +141,17 @@ struct EltwisePlan {
     Eltwise op = Eltwise::add;
     int cores = 1;
     int64_t tile_rows = 1;
+    float factor = 1;      // scale: y = x * factor
+    bool out_f32 = false;  // the model's output (logits) is stored as f32
     static constexpr int kBuffers = 3;
     enum { a, b, out };
-    constexpr int inputs() const { return op == Eltwise::silu ? 1 : 2; }
+    constexpr int inputs() const { return op == Eltwise::silu || op == Eltwise::scale ? 1 : 2; }
+    constexpr int64_t out_row_bytes() const { return row.padded() * (out_f32 ? 4 : 2); }
     constexpr LxBuffer buffer(int i) const {
         switch (i) {
             case a: return {"a", tile_rows * row.bytes(), 2};
             case b: return {"b", inputs() == 2 ? tile_rows * row.bytes() : 0, 2};
-            default: return {"out", tile_rows * row.bytes(), 2};
+            default: return {"out", tile_rows * out_row_bytes(), 2};
         }
     }
     constexpr bool valid() const { return row_split_ok(rows_max, cores, tile_rows); }

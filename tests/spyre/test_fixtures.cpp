@@ -187,7 +187,7 @@ TEST_P(SpyreFixture, BatchedWithAnotherSequenceIsBitIdentical) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, SpyreFixture,
                          ::testing::Values("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "long/LlamaForCausalLM",
-                                           "long/Qwen3ForCausalLM", "long/Qwen3MoeForCausalLM"),
+                                           "long/Qwen3ForCausalLM", "long/Qwen3MoeForCausalLM", "seed5/GraniteForCausalLM"),
                          [](const auto& info) {
                              std::string s = info.param;
                              for (auto& c : s)

@@ -268,6 +268,25 @@ TEST(SpyreRows, EmbedAndGatherAreExactCopies) {
 
 constexpr sp::EltwisePlan kMul{.rows_max = 11, .row = {.groups = 2, .group = 30}, .op = sp::Eltwise::mul, .cores = 4, .tile_rows = 2};
 constexpr sp::EltwisePlan kSilu{.rows_max = 11, .row = {.groups = 2, .group = 30}, .op = sp::Eltwise::silu, .cores = 2, .tile_rows = 3};
+constexpr sp::EltwisePlan kScaleF32{.rows_max = 11, .row = {.groups = 2, .group = 30}, .op = sp::Eltwise::scale, .cores = 3,
+                                    .tile_rows = 2, .factor = 0.0625f, .out_f32 = true};
+TEST(SpyreRows, ScaleIntoF32Logits) {
+    std::mt19937 rng(14);
+    const RowShape r = kScaleF32.row;
+    auto a = random_rows(11, r, rng, 8.0f);
+    const int64_t ao = 0, yo = 11 * r.bytes();
+    sp::Device dev(yo + 11 * r.padded() * 4, lx_of(kScaleF32), pool());
+    put_rows(dev, ao, a, 11, r);
+    sp::eltwise<kScaleF32>(dev, 11, ao, -1, yo);
+    const auto* y = reinterpret_cast<const float*>(dev.host_view(yo));
+    for (int t = 0; t < 11; ++t)
+        for (int g = 0; g < 2; ++g)
+            for (int e = 0; e < 64; ++e) {
+                const float want = e < 30 ? a[size_t((t * 2 + g) * 30 + e)] * 0.0625f : 0.0f;
+                ASSERT_EQ(y[(t * 2 + g) * 64 + e], want) << t << " " << g << " " << e;  // exact: a power of two, no fp16 rounding
+            }
+}
+
 TEST(SpyreRows, ElementwiseMulAndSilu) {
     std::mt19937 rng(10);
     const RowShape r = kMul.row;

@@ -49,7 +49,7 @@ bind::Bound bound(const std::string& arch, const fs::path& config, bind::BuildPa
 const fs::path kTinyLlama = kRoot / "models/configs/llama/tiny-llama.json";
 const fs::path kTinyMoe = kRoot / "models/configs/qwen3_moe/tiny-qwen3-moe.json";
 const fs::path kLlama8B = kRoot / "tests/spyre/configs/llama-3.1-8b.json";
-const fs::path kGranite8B = kRoot / "tests/spyre/configs/granite-3.1-8b-shape.json";
+const fs::path kGranite8B = kRoot / "tests/spyre/configs/granite-3.x-8b.json";
 
 bool valid(const spyre::AnyPlan& p) {
     return std::visit([](const auto& x) { return x.valid() && sp::buffers_stick_aligned(x); }, p);
@@ -126,8 +126,8 @@ TEST(SpyrePlanner, Llama31_8BFitsTheDefaultScratchpad) {
     EXPECT_NE(text.find("(layers 1..31: same tiles as layer 0)"), std::string::npos) << text;
 }
 
-TEST(SpyrePlanner, Granite8BShapeFitsTheDefaultScratchpad) {
-    const auto b = bound("llama", kGranite8B);
+TEST(SpyrePlanner, Granite8BFitsTheDefaultScratchpad) {
+    const auto b = bound("granite", kGranite8B);
     const auto p = spyre::plan_spyre(b, sp::kLxUsableBytes);
     expect_sound(b, p);
     // 12800 = 200 sticks of ffn: 7 per core over 29 cores for gate/up.
@@ -137,6 +137,11 @@ TEST(SpyrePlanner, Granite8BShapeFitsTheDefaultScratchpad) {
             EXPECT_EQ(lin.sticks_per_core, 7);
             EXPECT_EQ(lin.cores, 29);
         }
+    // Granite's logits are the tied head's output divided by logits_scaling: the scale op writes f32.
+    const auto& last = p.ops.back();
+    EXPECT_EQ(last.label, "scale -> logits");
+    EXPECT_TRUE(std::get<sp::EltwisePlan>(last.kernels[0].plan).out_f32);
+    EXPECT_FLOAT_EQ(std::get<sp::EltwisePlan>(last.kernels[0].plan).factor, 1.0f / 16);
 }
 
 TEST(SpyrePlanner, LessThanOneStickNamesTheScratchpadTheOpAndTheBudget) {
