@@ -34,7 +34,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 if [ -f tests/spyre/CMakeLists.txt ]; then
   echo "== 3a. spyre target: emulator tests and the expected-to-fail plans"
   cmake -S . -B build-spyre-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DSCR_TARGET=spyre -DSCR_TESTS=ON \
-    -DSCR_MODELS="tiny-llama;tiny-qwen3;tiny-qwen3-moe;tiny-llama-h64;tiny-qwen3-h64;tiny-qwen3-moe-h64" -DSCR_QUANT="f32"
+    -DSCR_MODELS="tiny-llama;tiny-qwen3;tiny-qwen3-moe;tiny-llama-h64;tiny-qwen3-h64;tiny-qwen3-moe-h64;tiny-granite-h64" -DSCR_QUANT="f32"
   cmake --build build-spyre-ci -j"$jobs" --target scr spyre_unit_tests spyre_fixture_tests
   ctest --test-dir build-spyre-ci -L spyre --output-on-failure -j"$jobs" --timeout 900
 fi
