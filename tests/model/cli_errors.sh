@@ -10,7 +10,7 @@ expect() {  # expect NAME PATTERN -- command...
     local name=$1 pattern=$2; shift 3
     local out code
     out=$("$@" 2>&1); code=$?
-    if [ $code -eq 0 ] || [ $code -ge 128 ] || ! grep -qE -- "$pattern" <<<"$out"; then
+    if [ $code -eq 0 ] || [ $code -ge 128 ] || ! tr '\n' ' ' <<<"$out" | grep -qE -- "$pattern"; then
         echo "FAIL $name: exit $code, output: ${out:0:400}"; fails=$((fails+1))
     else
         echo "ok   $name: $(head -c 160 <<<"$out" | tr '\n' ' ')"
