@@ -1,5 +1,5 @@
-// `scr models`, `scr info`, `scr logits`, `scr complete --ids`: the specialization itself, with
-// no engine in between. `logits` and `complete --ids ... --json` are test interfaces that outside
+// `scr models`, `scr info`, `scr logits` (the specialization itself, with no engine in between) and
+// `scr complete` (one sequence through the engine). `logits` and `complete --ids ... --json` are test interfaces that outside
 // checks rely on; keep their output exactly.
 #include <fmt/format.h>
 
@@ -7,12 +7,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
+#include <nlohmann/json.hpp>
 
 #include "cli/command.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/model/loader.hpp"
+#include "runtime/engine/engine.hpp"
 #include "runtime/model/sequence_runner.hpp"
+#include "runtime/text/tokenizer.hpp"
 
 namespace scr::cli {
 namespace {
@@ -147,48 +149,77 @@ void setup(CLI::App& app) {
     }
 
     {
-        auto* c = app.add_subcommand("complete", "continue --ids by --max-tokens tokens (greedy unless --temperature > 0)");
+        // Through the engine (scheduler, sampler, detokenizer) with one sequence: what `scr chat`
+        // and `scr serve` run, minus the chat template. --ids is the test interface: exactly
+        // --max-tokens new ids, EOS ignored. --prompt tokenizes text and stops at EOS.
+        auto* c = app.add_subcommand("complete", "continue --ids or --prompt by up to --max-tokens tokens (greedy unless --temperature > 0)");
         auto args = std::make_shared<ModelArgs>();
         auto ids = std::make_shared<std::string>();
-        auto max_tokens = std::make_shared<int>(16);
-        auto temperature = std::make_shared<float>(0.0f);
+        auto prompt = std::make_shared<std::string>();
+        auto params = std::make_shared<SamplingParams>();
+        params->temperature = 0.0f;
         auto seed = std::make_shared<uint64_t>(0);
         auto json = std::make_shared<bool>(false);
+        auto ignore_eos = std::make_shared<bool>(false);
         args->add(c);
-        c->add_option("--ids", *ids, "comma-separated prompt token ids")->required();
-        c->add_option("--max-tokens", *max_tokens, "tokens to generate")->check(CLI::Range(1, 1 << 20));
-        c->add_option("--temperature", *temperature, "sampling temperature (0: greedy)")->check(CLI::Range(0.0, 100.0));
+        auto* ids_opt = c->add_option("--ids", *ids, "comma-separated prompt token ids (generates exactly --max-tokens ids)");
+        auto* prompt_opt = c->add_option("--prompt", *prompt, "prompt text, tokenized with the model's tokenizer (BOS added as the tokenizer's post-processor does)");
+        ids_opt->excludes(prompt_opt);
+        prompt_opt->excludes(ids_opt);
+        c->add_option("--max-tokens", params->max_tokens, "new tokens at most")->check(CLI::Range(1, 1 << 20));
+        c->add_option("--temperature", params->temperature, "sampling temperature (0: greedy)")->check(CLI::Range(0.0, 100.0));
+        c->add_option("--top-p", params->top_p, "nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
+        c->add_option("--top-k", params->top_k, "sample among the k most likely tokens (0: off)")->check(CLI::Range(0, 1 << 30));
         c->add_option("--seed", *seed, "sampling seed");
-        c->add_flag("--json", *json, "print {\"ids\": [...]}");
+        c->add_flag("--ignore-eos", *ignore_eos, "with --prompt: keep generating past the end-of-sequence token");
+        c->add_flag("--json", *json, "print {\"ids\": [...]} (and \"text\" with --prompt)");
         c->callback([=] {
-            auto lm = args->load();
-            auto tokens = parse_ids(*ids);
+            if (ids->empty() && prompt->empty()) fail("complete: give --ids or --prompt");
+            const bool text_mode = !prompt->empty();
+            auto lm = args->load(text_mode);
             const ModelInfo& info = *lm.entry->info;
+            std::vector<int32_t> tokens;
+            if (text_mode) {
+                if (!lm.tokenizer) fail("model {} has no tokenizer.json; --prompt needs one (or give --ids)", lm.dir.string());
+                tokens = lm.tokenizer->encode(*prompt, /*add_special_tokens=*/true);
+            } else {
+                tokens = parse_ids(*ids);
+            }
             check_vocab(tokens, info);
-            const int total = int(tokens.size()) + *max_tokens;
+            const int64_t total = int64_t(tokens.size()) + params->max_tokens;
             if (total > info.max_position_embeddings)
                 fail("prompt of {} tokens + {} new tokens is longer than the context of {} ({} tokens)", tokens.size(),
-                     *max_tokens, info.stem, info.max_position_embeddings);
-            SequenceRunner run(*lm.model, total);
-            std::mt19937_64 rng(*seed);
+                     params->max_tokens, info.stem, info.max_position_embeddings);
+            EngineConfig cfg;
+            cfg.max_num_seqs = 1;
+            Engine engine(*lm.model, lm.tokenizer.get(), cfg);
+            Request req;
+            req.id = "complete";
+            req.prompt_ids = std::move(tokens);
+            req.params = *params;
+            req.params.seed = *seed;
+            req.params.ignore_eos = !text_mode || *ignore_eos;
             std::vector<int32_t> out;
-            auto logits = run.feed(tokens);
-            for (int i = 0; i < *max_tokens; ++i) {
-                int32_t next;
-                if (*temperature <= 0) {
-                    next = argmax(logits);
-                } else {
-                    float mx = logits[size_t(argmax(logits))];
-                    std::vector<double> p(logits.size());
-                    for (size_t j = 0; j < p.size(); ++j) p[j] = std::exp(double(logits[j] - mx) / *temperature);
-                    std::discrete_distribution<int32_t> d(p.begin(), p.end());
-                    next = d(rng);
+            std::string text, error;
+            const bool stream = text_mode && !*json;
+            engine.add_request(std::move(req), [&](const RequestOutput& o) {
+                out.insert(out.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+                text += o.new_text;
+                if (stream && !o.new_text.empty()) {
+                    std::fwrite(o.new_text.data(), 1, o.new_text.size(), stdout);
+                    std::fflush(stdout);
                 }
-                out.push_back(next);
-                if (i + 1 < *max_tokens) logits = run.feed(std::span<const int32_t>(&next, 1));
-            }
+                if (o.finish_reason == FinishReason::error) error = o.error;
+            });
+            while (engine.has_unfinished()) engine.step();
+            if (!error.empty()) fail("complete: {}", error);
             if (*json) {
-                fmt::print("{{\"ids\": [{}]}}\n", fmt::join(out, ", "));
+                if (text_mode)
+                    fmt::print("{{\"ids\": [{}], \"text\": {}}}\n", fmt::join(out, ", "), nlohmann::json(text).dump());
+                else
+                    fmt::print("{{\"ids\": [{}]}}\n", fmt::join(out, ", "));
+            } else if (stream) {
+                std::fputc('\n', stdout);
             } else {
                 fmt::print("{}\n", fmt::join(out, ","));
             }

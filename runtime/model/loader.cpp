@@ -63,7 +63,13 @@ std::string config_difference(const json& config, const ConfigKey& key) {
 }
 
 std::string checkpoint_dtype_preset(const json& config) {
-    std::string d = config.value("torch_dtype", config.value("dtype", std::string()));
+    // A field of another type (null, a number) counts as absent: config.json is untrusted input.
+    auto string_field = [&](const char* key) {
+        auto it = config.find(key);
+        return it != config.end() && it->is_string() ? it->get<std::string>() : std::string();
+    };
+    std::string d = string_field("torch_dtype");
+    if (d.empty()) d = string_field("dtype");
     if (d == "float32") return "f32";
     if (d == "bfloat16") return "bf16";
     if (d == "float16") return "f16";

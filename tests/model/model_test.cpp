@@ -17,6 +17,8 @@
 #include "runtime/model/loader.hpp"
 #include "runtime/model/sequence_runner.hpp"
 
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace scr;
@@ -244,6 +246,54 @@ TEST(Selection, PrefersThePresetOfTheCheckpointDtype) {
     EXPECT_EQ(select_specialization(cfg, "c").info->quant, "bf16");
     EXPECT_EQ(select_specialization(cfg, "c", "f32").info->quant, "f32");
     EXPECT_THROW(select_specialization(cfg, "c", "int9"), Error);
+}
+
+// The config.json fuzz entry point (fuzz_config.cpp) driven by mutations of a real compiled config:
+// every value replaced by values of other types and out-of-range numbers, keys dropped, and random
+// byte edits. Each input must select or throw scr::Error (anything else escapes and fails here).
+TEST(Selection, MutatedConfigsNeverCrash) {
+    const auto base = read_json(kFixtures / "LlamaForCausalLM/config.json");
+    auto run = [](const std::string& text) {
+        LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(text.data()), text.size());
+    };
+    run(base.dump());
+    const std::vector<nlohmann::json> replacements = {
+        nullptr, "x", -1, 0, int64_t(1) << 40, 1e300, -0.5, true, nlohmann::json::array({1, 2}),
+        nlohmann::json::object({{"a", 1}})};
+    int refused_by_name = 0;
+    for (auto& [key, value] : base.items()) {
+        for (const auto& r : replacements) {
+            auto cfg = base;
+            cfg[key] = r;
+            run(cfg.dump());
+            if (r == value) continue;
+            try {
+                select_specialization(cfg, "m/config.json");
+            } catch (const Error& e) {
+                if (std::string(e.what()).find(key) != std::string::npos) ++refused_by_name;
+            }
+        }
+        auto cfg = base;
+        cfg.erase(key);
+        run(cfg.dump());
+    }
+    // The keys the plan depends on are named when a mutation changes them.
+    EXPECT_GE(refused_by_name, 10 * int(replacements.size()) / 2);
+    std::mt19937 rng(7);
+    const std::string text = base.dump();
+    for (int i = 0; i < 3000; ++i) {
+        std::string m = text;
+        for (int k = 0, n = 1 + int(rng() % 4); k < n; ++k) {
+            size_t at = rng() % m.size();
+            switch (rng() % 3) {
+                case 0: m[at] = char(rng() % 256); break;
+                case 1: m.erase(at, 1 + rng() % 8); break;
+                default: m.insert(at, std::string(1 + rng() % 4, "0123456789-.e{}[]\",:"[rng() % 18]));
+            }
+            if (m.empty()) m = "{";
+        }
+        run(m);
+    }
 }
 
 TEST(Forward, BadBatchIsAnErrorNotACrash) {
