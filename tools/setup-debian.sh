@@ -8,6 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config python3
   nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libcpp-httplib-dev
   libutf8proc-dev libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-14-dev
 )
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)

@@ -3,7 +3,8 @@
 #  1. the main build: the tiny test models (f32 + bf16) and the embedded default model, all tests;
 #  2. the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer;
 #  3. the spyre target (emulator tests + the expected-to-fail plan) and a CUDA compile check,
-#     when those targets are present in the tree.
+#     when those targets are present in the tree;
+#  4. every libFuzzer target for 45 s (clang).
 # Usage: tools/test.sh [--quick]   (--quick: step 1 only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,5 +44,9 @@ if [ -f compiler/targets/cuda_emitter.cpp ] && command -v nvcc >/dev/null 2>&1; 
   cmake -S . -B build-cuda-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DSCR_TARGET=cuda -DSCR_NATIVE=OFF \
     -DSCR_MODELS="tiny-llama;tiny-qwen3-moe" -DSCR_QUANT="bf16" -DSCR_TESTS=OFF
   cmake --build build-cuda-ci -j"$jobs" --target scr
+fi
+if command -v clang++ >/dev/null 2>&1; then
+  echo "== 4. libFuzzer on the parsers of untrusted input (config.json, safetensors, tokenizer/templates, HTTP)"
+  tools/fuzz.sh 45
 fi
 echo "== all test stages passed"
