@@ -76,7 +76,8 @@ struct ModelArgs {
         if (required) o->required();
         c->add_option("--quant", quant, "quant preset of the specialization to use (when several are compiled in)");
         c->add_option("--threads", threads, "CPU threads (default: all cores)");
-        c->add_flag("--huge-pages", huge_pages, "copy weights into 2 MiB pages at load (faster decode; also SCR_HUGE_PAGES=1)");
+        c->add_flag("--huge-pages,!--no-huge-pages", huge_pages,
+                    "copy weights of 64 MiB or more into 2 MiB pages at load, or not (default on; SCR_HUGE_PAGES=0: off)");
     }
     LoadedModel load(bool text = false) const {
         LoadOptions o;
@@ -161,7 +162,7 @@ void setup(CLI::App& app) {
         auto seed = std::make_shared<uint64_t>(0);
         auto json = std::make_shared<bool>(false);
         auto ignore_eos = std::make_shared<bool>(false);
-        args->add(c);
+        args->add(c, /*required=*/false);  // no MODEL: the embedded default model
         auto* ids_opt = c->add_option("--ids", *ids, "comma-separated prompt token ids (generates exactly --max-tokens ids)");
         auto* prompt_opt = c->add_option("--prompt", *prompt, "prompt text, tokenized with the model's tokenizer (BOS added as the tokenizer's post-processor does)");
         ids_opt->excludes(prompt_opt);
