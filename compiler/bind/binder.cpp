@@ -1,4 +1,5 @@
 #include "compiler/bind/binder.hpp"
+#include "compiler/quant/apply.hpp"
 
 #include <fmt/format.h>
 
@@ -1128,6 +1129,7 @@ Bound bind(const dsl::Program& program, const json& config, const std::string& c
     }
     b.bos = int_or(config, "bos_token_id", -1);
     b.eos = int_or(config, "eos_token_id", -1);
+    quant::apply_preset(b.graph, preset);  // packed weights + their scale tensors (no-op for dense presets)
     return b;
 }
 

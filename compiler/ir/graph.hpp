@@ -41,6 +41,12 @@ struct Tensor {
     TensorRole role;
     DType dtype = DType::f32;     // set by the quant preset
     bool optional = false;
+    // Quantized storage (compiler/quant/apply.cpp): `shape`/`dtype` are then the packed tensor's,
+    // `logical` the [out, in] matrix the kernels compute with, and scales/biases the indices of its
+    // companion tensors (biases: MLX affine only; -1 when absent).
+    std::vector<int64_t> logical;
+    int scales = -1, biases = -1;
+    bool quantized() const { return scales >= 0; }
 };
 
 enum class OpKind {

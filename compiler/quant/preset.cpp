@@ -22,6 +22,53 @@ DType dtype_field(const nlohmann::json& j, const char* key, DType fallback, cons
     fail("{}: field \"{}\": dtype {} is not supported for this role (supported: {})", origin, key, name, list);
 }
 
+int int_field(const nlohmann::json& j, const char* key, const std::string& origin) {
+    if (!j.contains(key)) fail("{}: a quantized preset needs the integer field \"{}\"", origin, key);
+    if (!j[key].is_number_integer()) fail("{}: field \"{}\" must be an integer, got {}", origin, key, j[key].dump());
+    return j[key].get<int>();
+}
+
+// Bits, group size, scale dtype and the checkpoint's quantization_config must agree: the preset is
+// matched against a checkpoint by that block, and the kernels are instantiated from the fields.
+void parse_quantized(const nlohmann::json& j, const std::string& origin, Preset& p) {
+    p.bits = int_field(j, "bits", origin);
+    p.scale_dtype = dtype_field(j, "scale_dtype", DType::bf16, origin, {DType::bf16, DType::f32, DType::f16});
+    if (!j.contains("quantization_config") || !j["quantization_config"].is_object())
+        fail("{}: a quantized preset needs the \"quantization_config\" object its checkpoints carry", origin);
+    p.quantization_config = j["quantization_config"];
+    const auto& qc = p.quantization_config;
+    if (p.format == WeightFormat::mlx_affine) {
+        p.group_size = int_field(j, "group_size", origin);
+        if (p.bits != 4) fail("{}: mlx-affine bits {} is not supported (supported: 4)", origin, p.bits);
+        if (p.group_size != 32 && p.group_size != 64 && p.group_size != 128)
+            fail("{}: mlx-affine group_size {} is not supported (supported: 32, 64, 128)", origin, p.group_size);
+        if (qc.value("bits", -1) != p.bits || qc.value("group_size", -1) != p.group_size)
+            fail("{}: quantization_config {} disagrees with bits {} / group_size {}", origin, qc.dump(), p.bits,
+                 p.group_size);
+        p.packed = DType::u32;
+        return;
+    }
+    const std::string type = j.value("weight_type", "");
+    if (type != "int" && type != "float")
+        fail("{}: compressed-tensors preset needs \"weight_type\": \"int\" or \"float\", got \"{}\"", origin, type);
+    if (p.bits != 8) fail("{}: compressed-tensors bits {} is not supported (supported: 8)", origin, p.bits);
+    const std::string strategy = j.value("strategy", "");
+    if (strategy != "channel" && strategy != "tensor")
+        fail("{}: \"strategy\" must be \"channel\" or \"tensor\", got \"{}\"", origin, strategy);
+    if (type == "int" && strategy != "channel") fail("{}: int8 supports the channel strategy only", origin);
+    p.per_tensor = strategy == "tensor";
+    p.packed = type == "int" ? DType::i8 : DType::f8e4m3;
+    if (qc.value("quant_method", "") != "compressed-tensors")
+        fail("{}: quantization_config.quant_method must be \"compressed-tensors\"", origin);
+    const auto* w = qc.contains("config_groups") && qc["config_groups"].is_object() && qc["config_groups"].contains("group_0")
+                        ? &qc["config_groups"]["group_0"]["weights"]
+                        : nullptr;
+    if (!w || !w->is_object() || w->value("num_bits", -1) != p.bits || w->value("type", "") != type ||
+        w->value("strategy", "") != strategy)
+        fail("{}: quantization_config.config_groups.group_0.weights must say num_bits {}, type {}, strategy {}", origin,
+             p.bits, type, strategy);
+}
+
 }  // namespace
 
 Preset parse_preset(const nlohmann::json& j, const std::string& origin) {
@@ -30,9 +77,13 @@ Preset parse_preset(const nlohmann::json& j, const std::string& origin) {
     p.raw = j;
     if (!j.contains("name") || !j["name"].is_string()) fail("{}: missing string field \"name\"", origin);
     p.name = j["name"].get<std::string>();
-    if (j.contains("format") && j["format"] != "dense")
-        fail("{}: weight format \"{}\" is not supported by this compiler yet (supported: dense)", origin,
-             j["format"].dump());
+    const std::string format = j.contains("format") && j["format"].is_string() ? j["format"].get<std::string>() : "dense";
+    if (j.contains("format") && !j["format"].is_string()) fail("{}: field \"format\" must be a string", origin);
+    if (format == "mlx-affine") p.format = WeightFormat::mlx_affine;
+    else if (format == "compressed-tensors") p.format = WeightFormat::compressed_tensors;
+    else if (format != "dense")
+        fail("{}: weight format \"{}\" is not supported (supported: dense, mlx-affine, compressed-tensors)", origin, format);
+    if (p.quantized()) parse_quantized(j, origin, p);
     p.description = j.value("description", "");
     const auto floats = {DType::f32, DType::bf16, DType::f16};
     p.linear = dtype_field(j, "linear", DType::bf16, origin, floats);

@@ -86,8 +86,52 @@ private:
 
     std::string rows(int v) const { return g_.values[v].rows == ir::Rows::tokens ? "T" : "R"; }
 
+    // A quantized weight as a kernel view whose template arguments are the preset's constants.
+    std::string quant_view(int tensor, int wbase) {
+        const auto& t = g_.tensors[tensor];
+        const auto& p = b_.preset;
+        const std::string st = ctype(p.scale_dtype);
+        const int64_t k = t.logical[1];
+        if (p.format == quant::WeightFormat::mlx_affine)
+            return fmt::format("k::AffineW<{}, {}, {}, {}>{{w<uint32_t>(wl + {}), w<{}>(wl + {}), w<{}>(wl + {})}}", k, p.bits,
+                               p.group_size, st, tensor - wbase, st, t.scales - wbase, st, t.biases - wbase);
+        const std::string qt = p.packed == DType::i8 ? "int8_t" : "k::fp8e4m3";
+        return fmt::format("k::ChannelW<{}, {}, {}, {}>{{w<{}>(wl + {}), w<{}>(wl + {})}}", k, qt, st,
+                           p.per_tensor ? "true" : "false", qt, tensor - wbase, st, t.scales - wbase);
+    }
+
+    // Ops over quantized weights (embed, linear, fused GLUs); "" when the op's weight is dense.
+    std::string quant_call(const ir::Op& op, int wbase) {
+        if (op.weights.empty() || op.weights[0] < 0 || !g_.tensors[op.weights[0]].quantized()) return "";
+        const auto& in = op.in;
+        const int o0 = op.out[0];
+        auto attr = [&](const char* k) { return int64_t(op.attr.at(k)); };
+        auto bias = [&]() {
+            return op.weights.size() > 1 && op.weights[1] >= 0 ? fmt::format("w<float>(wl + {})", op.weights[1] - wbase)
+                                                                : std::string("nullptr");
+        };
+        switch (op.kind) {
+            case ir::OpKind::embed:
+                return fmt::format("k::qembed<{}>(T, b.token_ids, {}, {}, P);", g_.values[o0].width(),
+                                   quant_view(op.weights[0], wbase), ptr(o0));
+            case ir::OpKind::linear:
+                return fmt::format("k::qlinear<{}, {}>({}, {}, {}, {}, {}, {}, P);", attr("n"), attr("k"), rows(in[0]), ptr(in[0]),
+                                   quant_view(op.weights[0], wbase), bias(),
+                                   op.residual >= 0 ? ptr(op.residual) : "nullptr", ptr(o0));
+            case ir::OpKind::linear_swiglu:
+            case ir::OpKind::linear_geglu:
+                return fmt::format("k::qlinear_glu<{}, {}, k::Act::{}>({}, {}, {}, {}, {}, P);", attr("n"), attr("k"),
+                                   op.kind == ir::OpKind::linear_swiglu ? "silu" : "gelu_tanh", rows(in[0]), ptr(in[0]),
+                                   quant_view(op.weights[0], wbase), quant_view(op.weights[1], wbase), ptr(o0));
+            default:
+                fail("CPU emitter: op {} cannot read the quantized weight {} (preset {})", ir::op_name(op.kind),
+                     g_.tensors[op.weights[0]].name, b_.preset.name);
+        }
+    }
+
     // One op as C++; weight indices relative to `wl`, KV slots relative to `kl`.
     std::string call(const ir::Op& op, int wbase, int kbase) {
+        if (std::string q = quant_call(op, wbase); !q.empty()) return q;
         auto W = [&](int j) {
             if (op.weights[j] < 0) return std::string("nullptr");
             auto& t = g_.tensors[op.weights[j]];

@@ -149,8 +149,11 @@ std::string info_tables(const bind::Bound& b, const Sizes& s, const std::string&
                      dtype_name(b.preset.kv_cache), s.kv_bytes_per_token, s.kv_block_bytes);
     o += fmt::format("    .weight_bytes = {}, .scratch_bytes = {}, .active_weight_bytes = {},\n", s.weight_bytes,
                      s.scratch_bytes, s.active_weight_bytes);
-    o += fmt::format("    .tensors = kTensors, .config_keys = kConfigKeys, .plan_text = kPlan, .sliding_window = {},\n}};\n",
+    o += fmt::format("    .tensors = kTensors, .config_keys = kConfigKeys, .plan_text = kPlan, .sliding_window = {},\n",
                      freeable_window(g));
+    if (b.preset.quantized())
+        o += fmt::format("    .quant_config_json = {},\n", cpp_string(b.preset.quantization_config.dump()));
+    o += "};\n";
     return o;
 }
 

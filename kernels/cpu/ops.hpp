@@ -6,3 +6,4 @@
 #include "kernels/cpu/linear.hpp"
 #include "kernels/cpu/mla.hpp"
 #include "kernels/cpu/moe.hpp"
+#include "kernels/cpu/quant_linear.hpp"

@@ -73,6 +73,10 @@ struct ModelInfo {
     // block-table entries must still name a valid block (e.g. a reserved null block).
     // 0: some layer reads the whole sequence (full attention, or a hybrid of both), keep every block.
     int sliding_window = 0;
+
+    // The quant preset's "quantization_config" as compact JSON ("" for dense presets): a quantized
+    // checkpoint is served only by a specialization whose block matches its own (runtime/model/quant_match).
+    std::string_view quant_config_json = {};
 };
 
 // One flattened step, laid out as vLLM's model runner lays it out

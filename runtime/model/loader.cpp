@@ -8,6 +8,7 @@
 
 #include "runtime/core/error.hpp"
 #include "runtime/core/thread_pool.hpp"
+#include "runtime/model/quant_match.hpp"
 #include "runtime/weights/hf_cache.hpp"
 #include "runtime/text/chat_template.hpp"
 #include "runtime/text/tokenizer.hpp"
@@ -24,7 +25,7 @@ LoadedModel::~LoadedModel() = default;
 
 bool LoadOptions::huge_pages_from_env() {
     const char* v = std::getenv("SCR_HUGE_PAGES");
-    return v && std::string(v) == "1";
+    return !(v && std::string(v) == "0");  // on unless SCR_HUGE_PAGES=0
 }
 
 fs::path default_model_dir() {
@@ -89,21 +90,30 @@ std::string describe_compiled_models() {
 const ModelEntry& select_specialization(const json& config, const std::string& origin, const std::string& quant) {
     std::vector<const ModelEntry*> matches;
     std::string near;
+    const json checkpoint_quant = checkpoint_quantization(config);
+    std::string quant_refusal;  // why the explicitly requested preset does not serve this checkpoint
     for (auto& e : compiled_models()) {
         std::string diff;
         for (auto& k : e.info->config_keys) {
             diff = config_difference(config, k);
             if (!diff.empty()) break;
         }
+        if (diff.empty()) {
+            diff = quant_difference(checkpoint_quant, e.info->quant_config_json, e.info->quant);
+            if (!diff.empty() && e.info->quant == quant) quant_refusal = diff;
+        }
         if (diff.empty()) matches.push_back(&e);
         else if (config.contains("architectures") && config["architectures"].is_array() && !config["architectures"].empty() &&
                  config["architectures"][0] == std::string(e.info->hf_architecture))
             near += fmt::format("\n  {} ({}): {}", e.info->stem, e.info->quant, diff);
     }
+    if (!quant.empty() && !quant_refusal.empty())
+        fail("{}: quant preset {} does not serve this checkpoint: {}", origin, quant, quant_refusal);
     if (matches.empty())
         fail("{}: this model's config matches no specialization compiled into this scr. Compiled in:\n{}{}{}\n"
-             "Rebuild with -DSCR_MODELS=<path to this config.json> to add it.",
-             origin, describe_compiled_models(), near.empty() ? "" : "Nearest (same architecture):", near);
+             "Rebuild with -DSCR_MODELS=<path to this config.json>{} to add it.",
+             origin, describe_compiled_models(), near.empty() ? "" : "Nearest (same architecture):", near,
+             checkpoint_quant.is_null() ? "" : " and -DSCR_QUANT=<the preset of its quantization_config>");
     auto pick = [&](const std::string& q) -> const ModelEntry* {
         for (auto* m : matches)
             if (m->info->quant == q) return m;

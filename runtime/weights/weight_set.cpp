@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <set>
 
 #include "runtime/core/error.hpp"
+#include "runtime/core/thread_pool.hpp"
 
 namespace scr {
 
@@ -63,6 +65,12 @@ std::shared_ptr<Checkpoint> Checkpoint::open(const fs::path& dir) {
 const Checkpoint::Found* Checkpoint::find(const std::string& name) const {
     auto it = index_.find(name);
     return it == index_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> Checkpoint::tensor_names() const {
+    std::vector<std::string> names;
+    for (auto& [name, found] : index_) names.push_back(name);
+    return names;
 }
 
 std::string Checkpoint::describe() const {
@@ -133,7 +141,15 @@ WeightSet::WeightSet(std::span<const TensorSpec> specs, std::shared_ptr<Checkpoi
         ptrs_[i] = dst;
         converted_bytes_ += int64_t(bytes);
     }
-    if (huge_pages && mapped_bytes_ > 0) copy_mapped_to_huge_pages(specs);
+    if (huge_pages && mapped_bytes_ >= kMinHugePageCopyBytes && transparent_huge_pages_available())
+        copy_mapped_to_huge_pages(specs);
+}
+
+bool WeightSet::transparent_huge_pages_available() {
+    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string modes;
+    std::getline(f, modes);
+    return f && modes.find("[never]") == std::string::npos;  // "[always]" or "[madvise]"
 }
 
 void WeightSet::copy_mapped_to_huge_pages(std::span<const TensorSpec> specs) {
@@ -154,12 +170,21 @@ void WeightSet::copy_mapped_to_huge_pages(std::span<const TensorSpec> specs) {
     ::madvise(base, bytes, MADV_HUGEPAGE);
     huge_ = p;
     huge_bytes_ = int64_t(bytes + kHuge);
-    for (size_t i = 0; i < specs.size(); ++i) {
-        if (offsets[i] == SIZE_MAX) continue;
-        const auto* found = checkpoint_->find(std::string(specs[i].name));
-        std::memcpy(base + offsets[i], ptrs_[i], size_t(found->entry->end - found->entry->begin));
-        ptrs_[i] = base + offsets[i];
-    }
+    // Copy with every core (a 1B model is 2.5 GB), then drop the file pages from this process's
+    // resident set: the model reads only the copy from now on (the page cache keeps the file).
+    ThreadPool::global().parallel_for(int64_t(specs.size()), [&](int64_t b, int64_t e, int) {
+        for (auto i = size_t(b); i < size_t(e); ++i) {
+            if (offsets[i] == SIZE_MAX) continue;
+            const auto* found = checkpoint_->find(std::string(specs[i].name));
+            const size_t n = size_t(found->entry->end - found->entry->begin);
+            std::memcpy(base + offsets[i], ptrs_[i], n);
+            const size_t page = size_t(sysconf(_SC_PAGESIZE));
+            const auto src = reinterpret_cast<uintptr_t>(ptrs_[i]);
+            const uintptr_t first = (src + page - 1) / page * page, last = (src + n) / page * page;
+            if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);  // advisory
+            ptrs_[i] = base + offsets[i];
+        }
+    });
 }
 
 WeightSet::~WeightSet() {

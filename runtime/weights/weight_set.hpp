@@ -26,6 +26,7 @@ public:
     };
     const Found* find(const std::string& name) const;
     std::string describe() const;  // the files, for messages
+    std::vector<std::string> tensor_names() const;  // every tensor of every file, sorted by name
 
 private:
     std::vector<std::unique_ptr<SafetensorsFile>> files_;
@@ -38,6 +39,8 @@ public:
     // huge_pages: copy the mapped tensors once into anonymous 2 MiB pages (madvise(MADV_HUGEPAGE)).
     // Page-cache pages are 4 KiB; on the 2-core Zen 4 reference machine a decode step streams
     // weights about 1.4x faster from huge pages, which is worth a one-time copy for serving.
+    // Skipped (the file stays mapped with no copy) below kMinHugePageCopyBytes of mapped weights,
+    // where a step is dominated by other costs, and when transparent huge pages are disabled.
     WeightSet(std::span<const TensorSpec> specs, std::shared_ptr<Checkpoint> checkpoint, std::string_view model_name,
               bool huge_pages = false);
     ~WeightSet();
@@ -46,6 +49,8 @@ public:
     int64_t mapped_bytes() const { return mapped_bytes_; }
     int64_t converted_bytes() const { return converted_bytes_; }
     int64_t huge_page_bytes() const { return huge_bytes_; }
+    static constexpr int64_t kMinHugePageCopyBytes = int64_t(64) << 20;
+    static bool transparent_huge_pages_available();
 
 private:
     void copy_mapped_to_huge_pages(std::span<const TensorSpec> specs);

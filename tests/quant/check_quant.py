@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""End-to-end checks of the quantized formats against the pure-Python reference (quant_ref.py).
+
+  quantize  SCR FIXTURE WORK PRESET...   `scr quantize` output == the reference quantization, bit for bit
+                                         (tensor names, dtypes, shapes, bytes), config.json blocks ==
+                                         models/quant/<preset>.json, tokenizer/generation files copied.
+  logits    SCR FIXTURE WORK PRESET...   `scr logits` of the quantized checkpoint (test preset
+                                         <preset>-kvf32: f32 KV cache) vs `scr logits --quant f32` of the
+                                         checkpoint dequantized to f32 by the reference: max |diff| <=
+                                         1e-5 * max |logit| at every position (the kernels dequantize
+                                         exactly, so this is fp32 rounding of the same sums).
+  errors    SCR FIXTURE WORK             bad checkpoints: wrong group size, truncated packed tensor,
+                                         missing scales, dense checkpoint for a quantized preset ->
+                                         non-zero exit and a message naming the problem.
+Exit 0 when all pass.
+"""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import quant_ref as ref  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+IDS = "1,17,42,99,256,7,300,12"
+
+
+def run(cmd, expect_ok=True):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if expect_ok and p.returncode != 0:
+        print("FAIL (exit %d): %s\n%s" % (p.returncode, " ".join(cmd), p.stderr.strip()))
+        sys.exit(1)
+    return p
+
+
+def fixture_tensors(fixture):
+    out = {}
+    for f in sorted(os.listdir(fixture)):
+        if f.endswith(".safetensors"):
+            out.update(ref.read_safetensors(os.path.join(fixture, f)))
+    return out
+
+
+def quantize(scr, fixture, work, preset):
+    out = os.path.join(work, preset)
+    shutil.rmtree(out, ignore_errors=True)
+    run([scr, "quantize", fixture, out, "--preset", preset])
+    return out
+
+
+def reference_quantization(src, preset):
+    spec = json.load(open(os.path.join(ROOT, "models", "quant", preset + ".json")))
+    fmt = spec["format"]
+    want = {}
+    for name, (dtype, shape, raw) in src.items():
+        w = [ref.bf(v) for v in ref.floats(dtype, raw)]
+        module = name[:-len(".weight")] if name.endswith(".weight") else None
+        quant = module is not None and len(shape) == 2
+        if fmt == "mlx-affine":
+            quant = quant and shape[1] % spec["group_size"] == 0
+        else:
+            quant = quant and not module.endswith("embed_tokens") and module != "lm_head"
+        if not quant:
+            want[name] = ("BF16", shape, ref.bf16_bytes(w))
+            continue
+        n, k = shape
+        if fmt == "mlx-affine":
+            g = spec["group_size"]
+            words, scales, biases = ref.mlx_quantize(w, n, k, g)
+            want[name] = ("U32", [n, k // 8], struct.pack("<%dI" % len(words), *words))
+            want[module + ".scales"] = ("BF16", [n, k // g], ref.bf16_bytes(scales))
+            want[module + ".biases"] = ("BF16", [n, k // g], ref.bf16_bytes(biases))
+        elif spec["weight_type"] == "int":
+            q, scales = ref.int8_quantize(w, n, k)
+            want[name] = ("I8", [n, k], struct.pack("<%db" % len(q), *q))
+            want[module + ".weight_scale"] = ("BF16", [n, 1], ref.bf16_bytes(scales))
+        else:
+            per_tensor = spec["strategy"] == "tensor"
+            q, scales = ref.fp8_quantize(w, n, k, per_tensor)
+            want[name] = ("F8_E4M3", [n, k], bytes(q))
+            want[module + ".weight_scale"] = ("BF16", [1] if per_tensor else [n, 1], ref.bf16_bytes(scales))
+    return spec, want
+
+
+def cmd_quantize(scr, fixture, work, presets):
+    src = fixture_tensors(fixture)
+    failed = 0
+    for preset in presets:
+        out = quantize(scr, fixture, work, preset)
+        spec, want = reference_quantization(src, preset)
+        got = ref.read_safetensors(os.path.join(out, "model.safetensors"))
+        bad = []
+        if sorted(got) != sorted(want):
+            bad.append("tensor names differ: only written %s, only expected %s"
+                       % (sorted(set(got) - set(want))[:5], sorted(set(want) - set(got))[:5]))
+        for name in sorted(set(got) & set(want)):
+            if got[name][:2] != want[name][:2]:
+                bad.append("%s: %s %s, expected %s %s" % (name, got[name][0], got[name][1], want[name][0], want[name][1]))
+            elif got[name][2] != want[name][2]:
+                diff = sum(1 for a, b in zip(got[name][2], want[name][2]) if a != b)
+                bad.append("%s: %d of %d bytes differ" % (name, diff, len(want[name][2])))
+        cfg = json.load(open(os.path.join(out, "config.json")))
+        if cfg.get("quantization_config") != spec["quantization_config"]:
+            bad.append("config.json quantization_config %s != preset's %s" % (cfg.get("quantization_config"), spec["quantization_config"]))
+        if spec["format"] == "mlx-affine" and cfg.get("quantization") != spec["quantization_config"]:
+            bad.append("config.json has no MLX \"quantization\" block equal to the preset's")
+        for f in os.listdir(fixture):
+            if not f.endswith(".safetensors") and f != "config.json" and f != "reference.json" and not os.path.exists(os.path.join(out, f)):
+                bad.append("%s was not copied" % f)
+        nq = sum(1 for n in want if n.endswith((".scales", ".weight_scale")))
+        print("%s quantize %-14s %d tensors, %d quantized%s" % ("FAIL" if bad else "ok  ", preset, len(want), nq,
+                                                             "".join("\n     " + b for b in bad[:10])))
+        failed += bool(bad)
+    return failed
+
+
+def logits(scr, model, quant):
+    out = run([scr, "logits", model, "--quant", quant, "--ids", IDS, "--all"]).stdout
+    return json.loads(out)["logits"]
+
+
+def dequantized_copy(qdir, work, preset):
+    dq = os.path.join(work, preset + "-dequantized")
+    shutil.rmtree(dq, ignore_errors=True)
+    os.makedirs(dq)
+    ref.write_safetensors(os.path.join(dq, "model.safetensors"),
+                          ref.dequantize_checkpoint(ref.read_safetensors(os.path.join(qdir, "model.safetensors"))))
+    cfg = json.load(open(os.path.join(qdir, "config.json")))
+    cfg.pop("quantization_config", None)
+    cfg.pop("quantization", None)
+    cfg["torch_dtype"] = "float32"
+    json.dump(cfg, open(os.path.join(dq, "config.json"), "w"), indent=2)
+    return dq
+
+
+def cmd_logits(scr, fixture, work, presets):
+    failed = 0
+    for preset in presets:
+        qdir = quantize(scr, fixture, work, preset)
+        dq = dequantized_copy(qdir, work, preset)
+        got, want = logits(scr, qdir, preset + "-kvf32"), logits(scr, dq, "f32")
+        worst = 0.0
+        for g_row, w_row in zip(got, want):
+            scale = max(abs(v) for v in w_row)
+            worst = max(worst, max(abs(a - b) for a, b in zip(g_row, w_row)) / scale)
+        ok = len(got) == len(want) and worst <= 1e-5
+        print("%s logits %-14s vs f32 of the reference-dequantized weights: max |diff| / max |logit| = %.3g (tolerance 1e-5)"
+              % ("ok  " if ok else "FAIL", preset, worst))
+        failed += not ok
+    return failed
+
+
+def rewrite(qdir, work, name, edit_tensors=None, edit_config=None):
+    bad = os.path.join(work, name)
+    shutil.rmtree(bad, ignore_errors=True)
+    shutil.copytree(qdir, bad)
+    if edit_tensors:
+        t = ref.read_safetensors(os.path.join(bad, "model.safetensors"))
+        edit_tensors(t)
+        ref.write_safetensors(os.path.join(bad, "model.safetensors"), t)
+    if edit_config:
+        cfg = json.load(open(os.path.join(bad, "config.json")))
+        edit_config(cfg)
+        json.dump(cfg, open(os.path.join(bad, "config.json"), "w"))
+    return bad
+
+
+def cmd_errors(scr, fixture, work):
+    qdir = quantize(scr, fixture, work, "mlx-int4-g32")
+    w = "model.layers.0.self_attn.q_proj"
+
+    def truncate(t):
+        dtype, shape, raw = t[w + ".weight"]
+        t[w + ".weight"] = (dtype, [shape[0], shape[1] - 1], b"".join(raw[r * shape[1] * 4:(r * shape[1] + shape[1] - 1) * 4] for r in range(shape[0])))
+
+    def regroup(c):
+        c["quantization"]["group_size"] = 64
+        c["quantization_config"]["group_size"] = 64
+
+    cases = [
+        ("wrong group size", rewrite(qdir, work, "bad-group", edit_config=regroup), ["mlx-int4-g32"], ["group_size", "64", "32"]),
+        ("truncated packed tensor", rewrite(qdir, work, "bad-truncated", edit_tensors=truncate), [],
+         [w + ".weight", "[96, 11]", "[96, 12]"]),
+        ("missing scales", rewrite(qdir, work, "bad-scales", edit_tensors=lambda t: t.pop(w + ".scales")), [],
+         [w + ".scales", "missing"]),
+        ("dense checkpoint, quantized preset", fixture, ["mlx-int4-g32"], ["scr quantize"]),
+    ]
+    failed = 0
+    for what, model, quant, words in cases:
+        cmd = [scr, "logits", model, "--ids", IDS] + (["--quant", quant[0]] if quant else [])
+        p = run(cmd, expect_ok=False)
+        msg = p.stderr.strip()
+        ok = p.returncode != 0 and all(x in msg for x in words) and "Segmentation" not in msg
+        print("%s error: %-36s exit %d: %s" % ("ok  " if ok else "FAIL", what, p.returncode, msg.splitlines()[0] if msg else "(no message)"))
+        if not ok:
+            print("     expected the words %s in:\n%s" % (words, msg))
+        failed += not ok
+    return failed
+
+
+def main():
+    if len(sys.argv) < 5:
+        print(__doc__)
+        return 2
+    what, scr, fixture, work = sys.argv[1:5]
+    os.makedirs(work, exist_ok=True)
+    presets = sys.argv[5:]
+    if what == "quantize":
+        failed = cmd_quantize(scr, fixture, work, presets)
+    elif what == "logits":
+        failed = cmd_logits(scr, fixture, work, presets)
+    elif what == "errors":
+        failed = cmd_errors(scr, fixture, work)
+    else:
+        print(__doc__)
+        return 2
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
