@@ -2,6 +2,7 @@
 // (for benchmarks of real model sizes with no download).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -53,17 +54,21 @@ void setup(CLI::App& app) {
             const uint64_t stream = (*seed << 20) + index++;
             t.fill = [=](std::byte* bytes, size_t size) {
                 const size_t n = size / size_t(dtype_bytes(dt));
-                // Parallel fill, one generator per chunk: reproducible for a seed.
+                // Parallel fill, one generator per 64 Ki-element block: reproducible for a seed,
+                // whatever the thread count or the way the pool splits the work.
+                constexpr int64_t kBlock = 1 << 16;
                 ThreadPool::global().parallel_for(int64_t(n), [&](int64_t b, int64_t e, int) {
-                    std::mt19937_64 rng(stream * 1000003 + uint64_t(b));
-                    std::normal_distribution<float> dist(0.0f, float(scale));
-                    for (int64_t i = b; i < e; ++i) {
-                        float v = dist(rng) + (vector ? 1.0f : 0.0f);
-                        if (dt == DType::f32) reinterpret_cast<float*>(bytes)[i] = v;
-                        else if (dt == DType::bf16) reinterpret_cast<uint16_t*>(bytes)[i] = f32_to_bf16(v);
-                        else reinterpret_cast<uint16_t*>(bytes)[i] = f32_to_f16(v);
+                    for (int64_t block = b; block < e; block += kBlock) {
+                        std::mt19937_64 rng(stream * 1000003 + uint64_t(block));
+                        std::normal_distribution<float> dist(0.0f, float(scale));
+                        for (int64_t i = block; i < std::min(e, block + kBlock); ++i) {
+                            float v = dist(rng) + (vector ? 1.0f : 0.0f);
+                            if (dt == DType::f32) reinterpret_cast<float*>(bytes)[i] = v;
+                            else if (dt == DType::bf16) reinterpret_cast<uint16_t*>(bytes)[i] = f32_to_bf16(v);
+                            else reinterpret_cast<uint16_t*>(bytes)[i] = f32_to_f16(v);
+                        }
                     }
-                }, 1 << 16);
+                }, kBlock);
             };
             tensors.push_back(std::move(t));
         }
