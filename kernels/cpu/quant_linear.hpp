@@ -80,15 +80,24 @@ inline vf int8_to_vf(const int8_t* p) {
 #endif
 }
 
+// e4m3 -> f32 in registers: the 7 magnitude bits shifted left by 7 are an f16 with the same
+// exponent and mantissa fields, (1 + m/8) * 2^(e - 15) (or m/8 * 2^-14 when e = 0); F16C converts it
+// exactly (subnormals included, no denormal f32 ever appears) and * 2^8 makes it (1 + m/8) * 2^(e - 7)
+// (or m/8 * 2^-6). The sign bit moves to bit 15. NaN codes (S.1111.111, never written by a
+// quantizer) read as +-480 here and NaN through the table.
 inline vf fp8_to_vf(const fp8e4m3* p) {
-    const float* table = fp8e4m3_table();
 #if defined(__AVX512F__)
-    const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm512_i32gather_ps(idx, table, 4);
+    const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7f)), 7),
+                                      _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x80)), 8));
+    return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
 #elif defined(__AVX2__) && defined(__FMA__)
-    const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_i32gather_ps(table, idx, 4);
+    const __m128i v = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0x7f)), 7),
+                                   _mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0x80)), 8));
+    return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
 #else
+    const float* table = fp8e4m3_table();
     vf r;
     for (int i = 0; i < kLanes; ++i) r.v[i] = table[p[i].bits];
     return r;
@@ -109,9 +118,19 @@ struct AffineW {
     static constexpr int kWords = K * BITS / 32;  // uint32 per row
     static constexpr int kGroups = K / G;
     static constexpr bool kHasTail = false;
+    static constexpr int kGroup = G;  // qdot_tile hoists scale and bias out of a group
     const uint32_t* q;
     const ST* scales;
     const ST* biases;
+
+    void group(int64_t n, int g, vf& scale, vf& bias) const {
+        const size_t at = size_t(n) * kGroups + size_t(g);
+        scale = vset1(to_f32(scales[at]));
+        bias = vset1(to_f32(biases[at]));
+    }
+    vf load_q(int64_t n, int k) const {  // kLanes raw 4-bit values as floats
+        return detail::nibbles_to_vf(reinterpret_cast<const uint8_t*>(q + size_t(n) * kWords) + k / 2);
+    }
 
     vf load(int64_t n, int k) const {  // k % kLanes == 0: within one group
         const size_t g = size_t(n) * kGroups + size_t(k / G);
@@ -129,6 +148,7 @@ struct AffineW {
 template <int K, typename QT, typename ST, bool PER_TENSOR>
 struct ChannelW {
     static constexpr bool kHasTail = K % kLanes != 0;
+    static constexpr int kGroup = 0;
     const QT* q;
     const ST* scales;
 
@@ -152,12 +172,29 @@ inline void qdot_tile(const float* x, const QW& w, int64_t n, float (&out)[RT][R
     vf acc[RT][RN];
     for (int i = 0; i < RT; ++i)
         for (int j = 0; j < RN; ++j) acc[i][j] = vzero();
-    for (int k = 0; k < kFull; k += kLanes) {
-        vf wv[RN];
-        for (int j = 0; j < RN; ++j) wv[j] = w.load(n + j, k);
-        for (int i = 0; i < RT; ++i) {
-            const vf xv = vload(x + size_t(i) * K + k);
-            for (int j = 0; j < RN; ++j) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
+    if constexpr (QW::kGroup > 0) {
+        // Affine groups: scale and bias broadcast once per group and row; w = fma(q, scale, bias).
+        constexpr int G = QW::kGroup;
+        for (int g = 0; g < K / G; ++g) {
+            vf scale[RN], bias[RN];
+            for (int j = 0; j < RN; ++j) w.group(n + j, g, scale[j], bias[j]);
+            for (int k = g * G; k < (g + 1) * G; k += kLanes) {
+                vf wv[RN];
+                for (int j = 0; j < RN; ++j) wv[j] = vfma(w.load_q(n + j, k), scale[j], bias[j]);
+                for (int i = 0; i < RT; ++i) {
+                    const vf xv = vload(x + size_t(i) * K + k);
+                    for (int j = 0; j < RN; ++j) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
+                }
+            }
+        }
+    } else {
+        for (int k = 0; k < kFull; k += kLanes) {
+            vf wv[RN];
+            for (int j = 0; j < RN; ++j) wv[j] = w.load(n + j, k);
+            for (int i = 0; i < RT; ++i) {
+                const vf xv = vload(x + size_t(i) * K + k);
+                for (int j = 0; j < RN; ++j) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
+            }
         }
     }
     if constexpr (kTail > 0) {

@@ -169,6 +169,20 @@ TEST(QuantKernels, Fp8DecodeTable) {
     EXPECT_TRUE(std::isnan(k::fp8e4m3_to_f32(0xff)));
     for (int b = 0; b < 256; ++b)
         if ((b & 0x7f) != 0x7f) EXPECT_EQ(k::fp8e4m3_table()[b], k::fp8e4m3_to_f32(uint8_t(b)));
+    // The in-register decode (SIMD builds: bit placement and a 2^120 scale) equals the table for
+    // every non-NaN code, subnormals and signed zero included.
+    k::fp8e4m3 codes[256];
+    for (int b = 0; b < 256; ++b) codes[b] = k::fp8e4m3{uint8_t(b)};
+    for (int b = 0; b < 256; b += k::kLanes) {
+        float got[k::kLanes];
+        k::vstore(got, k::detail::fp8_to_vf(codes + b));
+        for (int i = 0; i < k::kLanes; ++i)
+            if (((b + i) & 0x7f) != 0x7f) {
+                const float want = k::fp8e4m3_to_f32(uint8_t(b + i));
+                EXPECT_EQ(got[i], want) << "code " << b + i;
+                EXPECT_EQ(std::signbit(got[i]), std::signbit(want)) << "code " << b + i;
+            }
+    }
 }
 
 TEST(QuantKernels, GluAndEmbedding) {
