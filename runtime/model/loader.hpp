@@ -23,8 +23,8 @@ struct LoadOptions {
     std::string quant;        // preset name; empty: the one matching the checkpoint's dtype, else the first
     bool load_text = true;    // tokenizer + chat template when present
     int threads = 0;          // CPU threads for the kernels; 0: all cores
-    // Copy mapped weights into 2 MiB pages once (faster decode; costs a copy at start).
-    // Default: on when the environment sets SCR_HUGE_PAGES=1.
+    // Copy mapped weights into 2 MiB pages once (faster decode; costs a copy at start; see
+    // WeightSet for when it is skipped). Default: on, unless the environment sets SCR_HUGE_PAGES=0.
     bool huge_pages = huge_pages_from_env();
     static bool huge_pages_from_env();
 };
