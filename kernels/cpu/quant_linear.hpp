@@ -68,6 +68,26 @@ inline vf nibbles_to_vf(const uint8_t* p) {
 #endif
 }
 
+// 2 * kLanes 4-bit values from kLanes bytes, low nibble first, as two vectors of floats.
+inline void nibbles_to_vf2(const uint8_t* p, vf& first, vf& second) {
+#if defined(__AVX512F__)
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    const __m128i lo = _mm_and_si128(v, mask), hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+    first = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
+    second = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)));
+#elif defined(__AVX2__) && defined(__FMA__)
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    const __m128i inter = _mm_unpacklo_epi8(_mm_and_si128(v, mask), _mm_and_si128(_mm_srli_epi16(v, 4), mask));
+    first = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(inter));
+    second = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(inter, 8)));
+#else
+    first = nibbles_to_vf(p);
+    second = nibbles_to_vf(p + kLanes / 2);
+#endif
+}
+
 inline vf int8_to_vf(const int8_t* p) {
 #if defined(__AVX512F__)
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
@@ -128,8 +148,8 @@ struct AffineW {
         scale = vset1(to_f32(scales[at]));
         bias = vset1(to_f32(biases[at]));
     }
-    vf load_q(int64_t n, int k) const {  // kLanes raw 4-bit values as floats
-        return detail::nibbles_to_vf(reinterpret_cast<const uint8_t*>(q + size_t(n) * kWords) + k / 2);
+    void load_q2(int64_t n, int k, vf& first, vf& second) const {  // 2 * kLanes raw 4-bit values
+        detail::nibbles_to_vf2(reinterpret_cast<const uint8_t*>(q + size_t(n) * kWords) + k / 2, first, second);
     }
 
     vf load(int64_t n, int k) const {  // k % kLanes == 0: within one group
@@ -178,12 +198,17 @@ inline void qdot_tile(const float* x, const QW& w, int64_t n, float (&out)[RT][R
         for (int g = 0; g < K / G; ++g) {
             vf scale[RN], bias[RN];
             for (int j = 0; j < RN; ++j) w.group(n + j, g, scale[j], bias[j]);
-            for (int k = g * G; k < (g + 1) * G; k += kLanes) {
-                vf wv[RN];
-                for (int j = 0; j < RN; ++j) wv[j] = vfma(w.load_q(n + j, k), scale[j], bias[j]);
-                for (int i = 0; i < RT; ++i) {
-                    const vf xv = vload(x + size_t(i) * K + k);
-                    for (int j = 0; j < RN; ++j) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
+            static_assert(G % (2 * kLanes) == 0, "two vectors per 16-byte (8-byte) load");
+            for (int k = g * G; k < (g + 1) * G; k += 2 * kLanes) {
+                vf w0[RN], w1[RN];
+                for (int j = 0; j < RN; ++j) {
+                    w.load_q2(n + j, k, w0[j], w1[j]);
+                    w0[j] = vfma(w0[j], scale[j], bias[j]);
+                    w1[j] = vfma(w1[j], scale[j], bias[j]);
+                }
+                for (int i = 0; i < RT; ++i) {  // columns k.. then k + kLanes..: the dense order
+                    const vf x0 = vload(x + size_t(i) * K + k), x1 = vload(x + size_t(i) * K + k + kLanes);
+                    for (int j = 0; j < RN; ++j) acc[i][j] = vfma(x1, w1[j], vfma(x0, w0[j], acc[i][j]));
                 }
             }
         }
