@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds Scratchy and runs every test, as CI does (.ci/run calls this):
 #  1. the main build: the tiny test models (f32 + bf16) and the embedded default model, all tests;
+#     1b. tiny-llama with the quantized presets: scr quantize and the quantized kernels end to end;
 #  2. the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer;
 #  3. the spyre target (emulator tests + the expected-to-fail plan) and a CUDA compile check,
 #     when those targets are present in the tree;
@@ -22,6 +23,13 @@ cmake -S . -B build-test -G Ninja -DCMAKE_BUILD_TYPE=Release \
 cmake --build build-test -j"$jobs"
 ctest --test-dir build-test --output-on-failure -j"$jobs" --timeout 900
 [ $quick -eq 1 ] && exit 0
+
+echo "== 1b. quantized presets end to end (scr quantize, logits vs the dequantized reference, bad inputs)"
+P=$PWD/tests/quant/presets
+cmake -S . -B build-quant-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DSCR_TESTS=ON -DSCR_MODELS="tiny-llama" \
+  -DSCR_QUANT="f32;mlx-int4-g32;int8;fp8;fp8-tensor;$P/mlx-int4-g32-kvf32.json;$P/int8-kvf32.json;$P/fp8-kvf32.json"
+cmake --build build-quant-ci -j"$jobs" --target scr scr_quant_kernel_tests scr_quant_compiler_tests
+ctest --test-dir build-quant-ci -L quant --output-on-failure -j"$jobs" --timeout 900
 
 echo "== 2. unit, parser and engine tests under ASan + UBSan"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSCR_SANITIZE=ON -DSCR_TESTS=ON \
