@@ -73,7 +73,8 @@ for block in re.split(r"^## ", text, flags=re.M)[1:]:
             m = re.search(pat, block)
             if m: keep(("scr", hp, key), float(m.group(1)))
     elif " llama-bench " in head:
-        w = head.split()[3]
+        words = head.split()
+        w = words[words.index("llama-bench") + 1]
         rows = [l for l in block.splitlines()[1:] if l.strip()]
         for r in csv.DictReader(io.StringIO("\n".join(rows))):
             key = "pp" if int(r["n_prompt"]) > 0 else "tg"
@@ -96,7 +97,8 @@ for hp, name, fl in [("4k", "scr bf16, 4 KiB pages (file mapping)", floor_4k), (
     print(f"| {name} | {wb/1e9:.2f} GB | {pp:.1f} | {tg:.2f} | {tg/fl if fl else 0:.0%} | {tg/lt if lt else 0:.2f}x |")
 for w in ["bf16", "q8_0", "q4_0"]:
     pp, tg, by = best.get(("llama", w, "pp"), 0), best.get(("llama", w, "tg"), 0), best.get(("llama", w, "bytes"), 0)
-    fl = best.get(("scr", "huge", "bw_w"), 0) * 1e9 / by if by else 0
-    print(f"| llama.cpp {w.upper()} | {by/1e9:.2f} GB | {pp:.1f} | {tg:.2f} | {tg/fl if fl else 0:.0%} (huge-page read) | - |")
+    # llama-bench maps the GGUF (load_mode mmap): its pages are 4 KiB page-cache pages.
+    fl = best.get(("scr", "4k", "bw_w"), 0) * 1e9 / by if by else 0
+    print(f"| llama.cpp {w.upper()} (mmap, 4 KiB pages) | {by/1e9:.2f} GB | {pp:.1f} | {tg:.2f} | {tg/fl if fl else 0:.0%} | - |")
 EOF
 echo "log: $log"
