@@ -8,6 +8,9 @@
 //   * RoPE followed by attention into one kernel that rotates Q and K and writes K and V straight
 //     into the KV cache (the attention kernel then reads only the cache).
 // Layers whose launches are identical up to the layer index fold into one loop, as on the CPU.
+// Quantized weights (MLX affine int4, int8 per channel) run through kernels/cuda/quant_ops.cuh:
+// qlinear / qlinear_swiglu / qembed over the packed tensors as uploaded; those linears fold no
+// RMSNorm and join no group (the quantized GEMV has neither variant yet).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -72,6 +75,9 @@ public:
                 const int64_t f = int64_t(op.attr.at("ffn")), h = int64_t(op.attr.at("hidden"));
                 moe_ws = std::max(moe_ws, b_.params.max_batch_tokens * (e + 2 * k + k * f + k * h) + 64);
             }
+        for (auto& op : g_.ops)  // gate and up rows of a quantized SwiGLU (kernels/cuda/quant_ops.cuh)
+            if (op.kind == ir::OpKind::linear_swiglu && quantized_op(op))
+                moe_ws = std::max(moe_ws, 2 * b_.params.max_batch_tokens * int64_t(op.attr.at("n")));
         o += "\nclass Model final : public CudaGeneratedModel {\npublic:\n";
         o += fmt::format("    Model(const WeightSet& w, ThreadPool& pool) : CudaGeneratedModel(kInfo, w, pool, {}, {}) {{}}\n\n",
                          g_.scratch_floats, moe_ws);
@@ -103,18 +109,52 @@ private:
         if (a0 < 0 || b0 < 0) return false;
         return a0 < b1 && b0 < a1;
     }
-    bool is_plain_linear(const ir::Op& op) const { return op.kind == ir::OpKind::linear && op.residual < 0; }
+    bool quantized_op(const ir::Op& op) const {
+        return !op.weights.empty() && op.weights[0] >= 0 && g_.tensors[op.weights[0]].quantized();
+    }
+    // Dense only: the quantized GEMV folds neither an RMSNorm nor a group of matrices.
+    bool is_plain_linear(const ir::Op& op) const { return op.kind == ir::OpKind::linear && op.residual < 0 && !quantized_op(op); }
 
     // Attention variants the CUDA kernels do not implement are refused here, by name, rather than
     // computed wrongly.
     void require_supported() const {
-        // Quantized weight formats (MLX affine int4, int8/fp8 compressed-tensors): the dequantizing
-        // GEMVs exist (kernels/cuda/quant_linear.cuh) but the emitter and runtime do not drive them
-        // yet, so a quantized preset is refused here rather than read as dense weights.
-        if (b_.preset.quantized())
-            fail("{}: quant preset {} (format {}): the CUDA target does not run quantized weights yet (presets it runs: "
-                 "dense, e.g. f32, bf16)",
-                 b_.stem, b_.preset.name, b_.preset.raw.value("format", std::string("?")));
+        // Quantized weight formats: the ones kernels/cuda/quant_linear.cuh reads (MLX affine int4
+        // g32/g64/g128, int8 per channel); anything else is refused by name, never read as dense.
+        const auto& p = b_.preset;
+        if (p.quantized()) {
+            const bool mlx4 = p.format == quant::WeightFormat::mlx_affine && p.bits == 4 &&
+                              (p.group_size == 32 || p.group_size == 64 || p.group_size == 128);
+            const bool int8_channel = p.format == quant::WeightFormat::compressed_tensors && p.packed == DType::i8 && !p.per_tensor;
+            if (!mlx4 && !int8_channel)
+                fail("{}: quant preset {} (format {}, {} bits, {}): the CUDA target runs MLX affine int4 (group 32, 64, 128) "
+                     "and int8 per-channel weights only (fp8 and per-tensor scales are not implemented for CUDA yet)",
+                     b_.stem, p.name, p.raw.value("format", std::string("?")), p.bits,
+                     p.per_tensor ? "per tensor" : p.group_size > 0 ? fmt::format("group {}", p.group_size) : "per channel");
+            (void)ctype(p.scale_dtype);  // scales the kernels read: f32 / bf16 / f16
+            for (auto& op : g_.ops) {
+                // Only weights[0] selects the quantized path: any other quantized weight of a dense op is refused.
+                for (size_t j = quantized_op(op) ? op.weights.size() : 1; j < op.weights.size(); ++j)
+                    if (op.weights[j] >= 0 && g_.tensors[op.weights[j]].quantized())
+                        fail("{}: quant preset {}: the CUDA target cannot run the {} op with the quantized weight {} beside a dense one",
+                             b_.stem, p.name, ir::op_name(op.kind), g_.tensors[op.weights[j]].name);
+                if (!quantized_op(op)) continue;
+                const auto& t = g_.tensors[op.weights[0]];
+                if (op.kind != ir::OpKind::embed && op.kind != ir::OpKind::linear && op.kind != ir::OpKind::linear_swiglu)
+                    fail("{}: quant preset {}: the CUDA target cannot run the {} op over the quantized weight {}", b_.stem,
+                         p.name, ir::op_name(op.kind), t.name);
+                const int64_t k = t.logical[1], align = mlx4 ? p.group_size : 16;
+                if (k % align != 0)
+                    fail("{}: quant preset {}: tensor {} has {} inputs, not a multiple of {} (the CUDA quantized GEMV's unit)",
+                         b_.stem, p.name, t.name, k, align);
+                for (size_t j = 1; j < op.weights.size(); ++j)
+                    if (op.weights[j] >= 0 && !g_.tensors[op.weights[j]].quantized() && g_.tensors[op.weights[j]].dtype != DType::f32)
+                        fail("{}: quant preset {}: the CUDA target reads the bias {} of a quantized linear as f32 only", b_.stem,
+                             p.name, g_.tensors[op.weights[j]].name);
+                if (op.kind == ir::OpKind::linear_swiglu && !g_.tensors[op.weights[1]].quantized())
+                    fail("{}: quant preset {}: gate {} is quantized but up {} is not", b_.stem, p.name, t.name,
+                         g_.tensors[op.weights[1]].name);
+            }
+        }
         auto attr_or = [](const ir::Op& op, const char* k, double d) {
             auto it = op.attr.find(k);
             return it == op.attr.end() ? d : it->second;
@@ -151,7 +191,8 @@ private:
                 bool ok = !rd.empty() && h != g_.output && x != g_.output;
                 for (int r : rd) {
                     const ir::Op& c = g_.ops[r];
-                    ok = ok && (c.kind == ir::OpKind::linear || c.kind == ir::OpKind::linear_swiglu) && c.in[0] == h && c.residual != h;
+                    ok = ok && (c.kind == ir::OpKind::linear || c.kind == ir::OpKind::linear_swiglu) && c.in[0] == h && c.residual != h &&
+                         !quantized_op(c);
                 }
                 // The consumers read x instead of h: nothing up to the last of them may write x's storage.
                 for (int j = i + 1; ok && !rd.empty() && j <= *rd.rbegin(); ++j)
@@ -250,6 +291,7 @@ private:
         };
         const auto& in = op.in;
         const int o0 = op.out.empty() ? -1 : op.out[0];
+        if (quantized_op(op)) return quant_call(op, wbase);
         switch (op.kind) {
             case ir::OpKind::embed:
                 return fmt::format("k::embed<{}, {}>(c, T, {}, {});", g_.values[o0].width(), wt(op, 0), W(op, 0), ptr(o0));
@@ -334,6 +376,42 @@ private:
             default: break;
         }
         fail("CUDA emitter: unhandled op {}", ir::op_name(op.kind));
+    }
+
+    // The quantized weight `tensor`'s format (template argument) and device tensors.
+    std::string quant_format() const {
+        const auto& p = b_.preset;
+        const std::string st = ctype(p.scale_dtype);
+        if (p.format == quant::WeightFormat::mlx_affine) return fmt::format("k::qdetail::MlxInt4<{}, {}>", p.group_size, st);
+        return fmt::format("k::qdetail::Int8Channel<{}>", st);
+    }
+    std::string quant_w(int tensor, int wbase) const {
+        const auto& t = g_.tensors[tensor];
+        return fmt::format("k::QuantW{{dw<void>(wl + {}), dw<void>(wl + {}), {}}}", tensor - wbase, t.scales - wbase,
+                           t.biases >= 0 ? fmt::format("dw<void>(wl + {})", t.biases - wbase) : std::string("nullptr"));
+    }
+    // Ops over quantized weights (checked in require_supported): embed, linear, SwiGLU.
+    std::string quant_call(const ir::Op& op, int wbase) {
+        const int o0 = op.out[0];
+        auto attr = [&](const char* k) { return int64_t(op.attr.at(k)); };
+        switch (op.kind) {
+            case ir::OpKind::embed:
+                return fmt::format("k::qembed<{}, {}>(c, T, {}, {});", g_.values[o0].width(), quant_format(),
+                                   quant_w(op.weights[0], wbase), ptr(o0));
+            case ir::OpKind::linear:
+                return fmt::format("k::qlinear<{}, {}, {}>(c, {}, {}, {}, {}, {}, {});", attr("n"), attr("k"), quant_format(),
+                                   rows(op.in[0]), ptr(op.in[0]), quant_w(op.weights[0], wbase),
+                                   op.weights.size() > 1 && op.weights[1] >= 0 ? fmt::format("dw<float>(wl + {})", op.weights[1] - wbase)
+                                                                               : std::string("nullptr"),
+                                   op.residual >= 0 ? ptr(op.residual) : "nullptr", ptr(o0));
+            case ir::OpKind::linear_swiglu:
+                return fmt::format("k::qlinear_swiglu<{}, {}, {}>(c, {}, {}, {}, {}, M, {});", attr("n"), attr("k"), quant_format(),
+                                   rows(op.in[0]), ptr(op.in[0]), quant_w(op.weights[0], wbase), quant_w(op.weights[1], wbase),
+                                   ptr(o0));
+            default: break;
+        }
+        fail("CUDA emitter: op {} cannot read the quantized weight {} (preset {})", ir::op_name(op.kind),
+             g_.tensors[op.weights[0]].name, b_.preset.name);
     }
 
     int first_weight(const std::vector<int>& ops) {

@@ -5,3 +5,4 @@
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/quant_ops.cuh"
