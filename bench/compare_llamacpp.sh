@@ -37,6 +37,15 @@ for q in Q8_0 Q4_0; do
   [[ -f $work/l1b-$lq.gguf ]] || "$llama/llama-quantize" "$work/l1b-bf16.gguf" "$work/l1b-$lq.gguf" $q 2 > "$work/quantize-$lq.log" 2>&1
 done
 
+# Our quantized presets beside llama.cpp's Q8_0/Q4_0, when this scr has them compiled in.
+quants=""
+for q in int8 mlx-int4-g64; do
+  if "$scr" models | grep -qw "$q"; then
+    quants="$quants $q"
+    [[ -f $work/l1b-$q/model.safetensors ]] || "$scr" quantize "$work/l1b" "$work/l1b-$q" --preset "$q" 2>/dev/null
+  fi
+done
+
 log=$work/run-$(date -u +%Y%m%dT%H%M%SZ).log
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 {
@@ -48,6 +57,11 @@ for round in $(seq "$rounds"); do
   for hp in --no-huge-pages --huge-pages; do
     echo "## load $(load) scr bench $hp (round $round)" | tee -a "$log"
     "$scr" bench "$work/l1b" --mode forward --threads 2 --input-len 128 --context 32 --iters 5 $hp 2>&1 | tee -a "$log"
+  done
+  for q in $quants; do
+    echo "## load $(load) scr bench $q --huge-pages (round $round)" | tee -a "$log"
+    echo "size $(stat -c %s "$work/l1b-$q/model.safetensors")" | tee -a "$log"
+    "$scr" bench "$work/l1b-$q" --mode forward --threads 2 --input-len 128 --context 32 --iters 5 --huge-pages 2>&1 | tee -a "$log"
   done
   for w in bf16 q8_0 q4_0; do
     echo "## load $(load) llama-bench $w (round $round)" | tee -a "$log"
@@ -67,6 +81,15 @@ loads = [float(m) for m in re.findall(r"^## load (\S+)", text, re.M)]
 for block in re.split(r"^## ", text, flags=re.M)[1:]:
     head = block.splitlines()[0]
     if " scr bench " in head:
+        words = head.split()
+        q = words[words.index("bench") + 1]
+        if not q.startswith("--"):  # a quantized preset: huge pages, its own byte count
+            for pat, key in [(r"prefill \d+ tokens .*?: ([\d.]+) tokens/s", "pp"), (r"decode batch 1 .*?: ([\d.]+) tokens/s", "tg")]:
+                m = re.search(pat, block)
+                if m: keep(("scrq", q, key), float(m.group(1)))
+            m = re.search(r"^size (\d+)", block, re.M)
+            if m: best[("scrq", q, "bytes")] = float(m.group(1))
+            continue
         hp = "huge" if "--huge-pages" in head else "4k"
         for pat, key in [(r"prefill \d+ tokens .*?: ([\d.]+) tokens/s", "pp"), (r"decode batch 1 .*?: ([\d.]+) tokens/s", "tg"),
                          (r"memory read bandwidth .*?: ([\d.]+) GB/s", "bw_anon"), (r"weight read bandwidth .*?: ([\d.]+) GB/s", "bw_w")]:
@@ -95,6 +118,13 @@ lt = best.get(("llama", "bf16", "tg"), 0)
 for hp, name, fl in [("4k", "scr bf16, 4 KiB pages (file mapping)", floor_4k), ("huge", "scr bf16, huge-page copy", floor_hp)]:
     pp, tg = best.get(("scr", hp, "pp"), 0), best.get(("scr", hp, "tg"), 0)
     print(f"| {name} | {wb/1e9:.2f} GB | {pp:.1f} | {tg:.2f} | {tg/fl if fl else 0:.0%} | {tg/lt if lt else 0:.2f}x |")
+for q, peer in [("int8", "q8_0"), ("mlx-int4-g64", "q4_0")]:
+    by = best.get(("scrq", q, "bytes"), 0)
+    if not by: continue
+    pp, tg = best.get(("scrq", q, "pp"), 0), best.get(("scrq", q, "tg"), 0)
+    fl = best.get(("scr", "huge", "bw_w"), 0) * 1e9 / by
+    lt_q = best.get(("llama", peer, "tg"), 0)
+    print(f"| scr {q}, huge-page copy | {by/1e9:.2f} GB | {pp:.1f} | {tg:.2f} | {tg/fl if fl else 0:.0%} | {tg/lt_q if lt_q else 0:.2f}x vs {peer.upper()} |")
 for w in ["bf16", "q8_0", "q4_0"]:
     pp, tg, by = best.get(("llama", w, "pp"), 0), best.get(("llama", w, "tg"), 0), best.get(("llama", w, "bytes"), 0)
     # llama-bench maps the GGUF (load_mode mmap): its pages are 4 KiB page-cache pages.
