@@ -148,6 +148,9 @@ struct AffineW {
         scale = vset1(to_f32(scales[at]));
         bias = vset1(to_f32(biases[at]));
     }
+    const uint8_t* bytes(int64_t n, int k) const {  // the packed byte holding element k of row n
+        return reinterpret_cast<const uint8_t*>(q + size_t(n) * kWords) + k / 2;
+    }
     void load_q2(int64_t n, int k, vf& first, vf& second) const {  // 2 * kLanes raw 4-bit values
         detail::nibbles_to_vf2(reinterpret_cast<const uint8_t*>(q + size_t(n) * kWords) + k / 2, first, second);
     }
@@ -184,6 +187,12 @@ struct ChannelW {
 
 namespace detail {
 
+#if defined(__AVX512F__)
+inline constexpr bool kAffineTableLookup = true;  // qdot_tile: int4 through vpermps tables
+#else
+inline constexpr bool kAffineTableLookup = false;
+#endif
+
 // dot_tile (linear.hpp) with the weight rows n..n+RN of a quantized view.
 template <int RT, int RN, int K, typename QW>
 inline void qdot_tile(const float* x, const QW& w, int64_t n, float (&out)[RT][RN]) {
@@ -192,7 +201,45 @@ inline void qdot_tile(const float* x, const QW& w, int64_t n, float (&out)[RT][R
     vf acc[RT][RN];
     for (int i = 0; i < RT; ++i)
         for (int j = 0; j < RN; ++j) acc[i][j] = vzero();
-    if constexpr (QW::kGroup > 0) {
+    if constexpr (QW::kGroup > 0 && kAffineTableLookup) {
+#if defined(__AVX512F__)
+        // AVX-512: per group and weight row, a 16-entry table fma(q, scale, bias) for q = 0..15 (the
+        // same fma as the generic path, so every weight dequantizes to the same f32), looked up by
+        // vpermps, which reads only the low 4 bits of each 32-bit index: 16 packed bytes widened to
+        // int32 index the even elements, the same shifted right by 4 the odd ones. x is split into
+        // its even and odd columns to match (once per token row, shared by the RN weight rows). Per
+        // 32 weights: widen, shift, two lookups, two FMAs, against 13 vector ops converting nibbles
+        // to floats. The sum runs over each 32 columns' evens then odds: a fixed order, whatever the
+        // batch, within fp32 rounding of the dense order.
+        constexpr int G = QW::kGroup;
+        static_assert(G % 32 == 0, "32 weights per 16-byte load");
+        const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        for (int g = 0; g < K / G; ++g) {
+            __m512 table[RN];
+            for (int j = 0; j < RN; ++j) {
+                vf scale, bias;
+                w.group(n + j, g, scale, bias);
+                table[j] = _mm512_fmadd_ps(iota, scale, bias);
+            }
+            for (int k = g * G; k < (g + 1) * G; k += 32) {
+                __m512 xe[RT], xo[RT];
+                for (int i = 0; i < RT; ++i) {
+                    const __m512 x0 = _mm512_loadu_ps(x + size_t(i) * K + k), x1 = _mm512_loadu_ps(x + size_t(i) * K + k + 16);
+                    xe[i] = _mm512_permutex2var_ps(x0, even, x1);
+                    xo[i] = _mm512_permutex2var_ps(x0, odd, x1);
+                }
+                for (int j = 0; j < RN; ++j) {
+                    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.bytes(n + j, k))));
+                    const __m512 we = _mm512_permutexvar_ps(b, table[j]);
+                    const __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table[j]);
+                    for (int i = 0; i < RT; ++i) acc[i][j] = _mm512_fmadd_ps(xo[i], wo, _mm512_fmadd_ps(xe[i], we, acc[i][j]));
+                }
+            }
+        }
+#endif
+    } else if constexpr (QW::kGroup > 0) {
         // Affine groups: scale and bias broadcast once per group and row; w = fma(q, scale, bias).
         constexpr int G = QW::kGroup;
         for (int g = 0; g < K / G; ++g) {
