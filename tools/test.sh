@@ -35,9 +35,9 @@ echo "== 2. unit, parser and engine tests under ASan + UBSan"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSCR_SANITIZE=ON -DSCR_TESTS=ON \
   -DSCR_MODELS="tiny-llama" -DSCR_QUANT="f32"
 cmake --build build-asan -j"$jobs" --target scr_compiler_tests scr_weights_tests text_tests scr_engine_tests \
-  scr_server_tests
+  scr_server_tests scr_quant_kernel_tests scr_core_tests
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan -L "unit|text|engine|server" -LE "server-node|server-e2e|models|spyre" \
+  ctest --test-dir build-asan -L "unit|text|engine|server|quant" -LE "server-node|server-e2e|models|spyre" \
   --output-on-failure -j"$jobs" --timeout 900
 
 if [ -f tests/spyre/CMakeLists.txt ]; then
