@@ -1,6 +1,6 @@
 // Quantized decode GEMV (kernels/cpu/quant_linear.hpp) side by side in one run with the bf16 GEMV
 // (linear.hpp) and a plain streaming read of the int4 packed bytes, at Llama-3.2-1B shapes
-// (2048x2048 q/o, 8192x2048 gate/up). bytes/s counts the bytes each kernel must read (packed
+// (2048x2048 q/o, 8192x2048 gate/up); and int4 vs bf16 at 32 rows (prefill). bytes/s counts the bytes each kernel must read (packed
 // weights + scales/biases), so GEMV bytes/s over the read's bytes/s is its distance to the memory
 // floor, and the time ratio to bf16 is the decode speed-up. The machine is shared: compare ratios.
 #include <benchmark/benchmark.h>
@@ -36,7 +36,20 @@ struct Model {
     int8_t* q8 = static_cast<int8_t*>(huge_buffer(size_t(N) * K));
     scr::bf16_t* scales = static_cast<scr::bf16_t*>(huge_buffer(size_t(N) * (K / kGroup) * 2));
     scr::bf16_t* biases = static_cast<scr::bf16_t*>(huge_buffer(size_t(N) * (K / kGroup) * 2));
-    std::vector<float> x = std::vector<float>(K, 0.01f), y = std::vector<float>(N);
+    static constexpr int kPrefillRows = 32;
+    std::vector<float> x = std::vector<float>(size_t(K) * kPrefillRows), y = std::vector<float>(size_t(N) * kPrefillRows);
+    // Scales, biases and activations of a real model's magnitude (random bytes would make some bf16
+    // scales denormal, and the products with them take microcode assists that no model sees).
+    Model() {
+        std::mt19937 rng(11);
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        for (size_t i = 0; i < size_t(N) * (K / kGroup); ++i) {
+            scales[i] = scr::bf16_t{scr::f32_to_bf16(0.002f + 0.004f * std::fabs(u(rng)))};
+            biases[i] = scr::bf16_t{scr::f32_to_bf16(-0.03f * std::fabs(u(rng)))};
+        }
+        for (auto& v : x) v = u(rng);
+        for (size_t i = 0; i < size_t(N) * K; ++i) dense[i] = scr::bf16_t{scr::f32_to_bf16(0.05f * u(rng))};
+    }
     static Model& get() {
         static Model m;
         return m;
@@ -56,6 +69,22 @@ void BM_Int4Gemv(benchmark::State& st) {
     const k::AffineW<K, 4, kGroup, scr::bf16_t> w{m.packed, m.scales, m.biases};
     for (auto _ : st) k::qlinear<N, K>(1, m.x.data(), w, nullptr, nullptr, m.y.data(), scr::ThreadPool::global());
     st.SetBytesProcessed(int64_t(st.iterations()) * (int64_t(N) * K / 2 + int64_t(N) * (K / kGroup) * 4));
+}
+
+// Prefill-like: 32 activation rows at once (tokens/s = 32 rows per iteration).
+template <int N, int K>
+void BM_Int4Prefill32(benchmark::State& st) {
+    auto& m = Model<N, K>::get();
+    const k::AffineW<K, 4, kGroup, scr::bf16_t> w{m.packed, m.scales, m.biases};
+    for (auto _ : st) k::qlinear<N, K>(m.kPrefillRows, m.x.data(), w, nullptr, nullptr, m.y.data(), scr::ThreadPool::global());
+    st.SetItemsProcessed(int64_t(st.iterations()) * m.kPrefillRows);
+}
+
+template <int N, int K>
+void BM_Bf16Prefill32(benchmark::State& st) {
+    auto& m = Model<N, K>::get();
+    for (auto _ : st) k::linear<N, K, scr::bf16_t>(m.kPrefillRows, m.x.data(), m.dense, nullptr, nullptr, m.y.data(), scr::ThreadPool::global());
+    st.SetItemsProcessed(int64_t(st.iterations()) * m.kPrefillRows);
 }
 
 template <int N, int K>
@@ -102,5 +131,7 @@ SHAPES(BM_Int4Gemv)
 SHAPES(BM_Int8Gemv)
 SHAPES(BM_Fp8Gemv)
 SHAPES(BM_Bf16Gemv)
+SHAPES(BM_Int4Prefill32)
+SHAPES(BM_Bf16Prefill32)
 
 BENCHMARK_MAIN();

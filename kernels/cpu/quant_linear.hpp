@@ -1,11 +1,15 @@
-// Linear layers over quantized weights, dequantized in registers inside the dot product.
+// Linear layers over quantized weights.
+//
+// MLX int4 (AffineW) quantizes the activations to int8 (per 32 elements) and takes exact integer dot
+// products with the packed nibbles (quant_int4_dot.hpp has the math), as llama.cpp's Q4_0 x Q8_0
+// does. int8 and fp8 (ChannelW) dequantize in registers inside an f32 dot product, below.
 //
 // Weight views (the preset's constants are template arguments):
 //   AffineW<K, 4, G, ST>:   MLX affine — q uint32 [N][K/8], element 0 in the low nibble (little
 //                           endian), scales/biases ST [N][K/G]; w = scale * q + bias.
 //   ChannelW<K, QT, ST, T>: compressed-tensors symmetric — q int8_t or fp8e4m3 [N][K], scale ST
 //                           [N][1] (or [1] when T, per tensor); w = scale * q.
-// A view hands out kLanes dequantized weights at a time; the dot product is then exactly the dense
+// A ChannelW view hands out kLanes dequantized weights at a time; the dot product is then exactly the dense
 // kernel's (linear.hpp): one lane-wise FMA chain over K in order, one fixed horizontal sum, so a
 // row's result does not depend on the batch, and equals the dense f32 kernel run on the weights
 // dequantized to f32 (scale * q is exact in f32 for 4/8-bit q and bf16 scales, so scale * q + bias
@@ -18,6 +22,7 @@
 #include <limits>
 
 #include "kernels/cpu/linear.hpp"
+#include "kernels/cpu/quant_int4_dot.hpp"
 
 namespace scr::kernels::cpu {
 
@@ -43,50 +48,6 @@ inline const float* fp8e4m3_table() {
 }
 
 namespace detail {
-
-// kLanes 4-bit values from kLanes/2 bytes, low nibble first, as floats.
-inline vf nibbles_to_vf(const uint8_t* p) {
-#if defined(__AVX512F__)
-    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    const __m128i lo = _mm_and_si128(v, mask), hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
-#elif defined(__AVX2__) && defined(__FMA__)
-    int32_t word;
-    std::memcpy(&word, p, 4);
-    const __m128i v = _mm_cvtsi32_si128(word);
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    const __m128i lo = _mm_and_si128(v, mask), hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
-#else
-    vf r;
-    for (int i = 0; i < kLanes / 2; ++i) {
-        r.v[2 * i] = float(p[i] & 15);
-        r.v[2 * i + 1] = float(p[i] >> 4);
-    }
-    return r;
-#endif
-}
-
-// 2 * kLanes 4-bit values from kLanes bytes, low nibble first, as two vectors of floats.
-inline void nibbles_to_vf2(const uint8_t* p, vf& first, vf& second) {
-#if defined(__AVX512F__)
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    const __m128i lo = _mm_and_si128(v, mask), hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
-    first = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
-    second = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)));
-#elif defined(__AVX2__) && defined(__FMA__)
-    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    const __m128i inter = _mm_unpacklo_epi8(_mm_and_si128(v, mask), _mm_and_si128(_mm_srli_epi16(v, 4), mask));
-    first = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(inter));
-    second = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(inter, 8)));
-#else
-    first = nibbles_to_vf(p);
-    second = nibbles_to_vf(p + kLanes / 2);
-#endif
-}
 
 inline vf int8_to_vf(const int8_t* p) {
 #if defined(__AVX512F__)
@@ -134,37 +95,22 @@ inline vf q_to_vf(const fp8e4m3* p) { return fp8_to_vf(p); }
 template <int K, int BITS, int G, typename ST>
 struct AffineW {
     static_assert(BITS == 4, "MLX affine weights: 4 bits");
-    static_assert(K % G == 0 && G % kLanes == 0, "the input dim divides by the group, the group by the lanes");
+    static_assert(K % G == 0 && (G == 32 || G == 64 || G == 128), "MLX groups of 32, 64 or 128 that divide the input dim");
     static constexpr int kWords = K * BITS / 32;  // uint32 per row
     static constexpr int kGroups = K / G;
-    static constexpr bool kHasTail = false;
-    static constexpr int kGroup = G;  // qdot_tile hoists scale and bias out of a group
+    static constexpr int kGroup = G;
     const uint32_t* q;
     const ST* scales;
     const ST* biases;
 
-    void group(int64_t n, int g, vf& scale, vf& bias) const {
-        const size_t at = size_t(n) * kGroups + size_t(g);
-        scale = vset1(to_f32(scales[at]));
-        bias = vset1(to_f32(biases[at]));
-    }
     const uint8_t* bytes(int64_t n, int k) const {  // the packed byte holding element k of row n
         return reinterpret_cast<const uint8_t*>(q + size_t(n) * kWords) + k / 2;
     }
-    void load_q2(int64_t n, int k, vf& first, vf& second) const {  // 2 * kLanes raw 4-bit values
-        detail::nibbles_to_vf2(reinterpret_cast<const uint8_t*>(q + size_t(n) * kWords) + k / 2, first, second);
-    }
-
-    vf load(int64_t n, int k) const {  // k % kLanes == 0: within one group
-        const size_t g = size_t(n) * kGroups + size_t(k / G);
-        const uint8_t* bytes = reinterpret_cast<const uint8_t*>(q + size_t(n) * kWords) + k / 2;
-        return vfma(detail::nibbles_to_vf(bytes), vset1(to_f32(scales[g])), vset1(to_f32(biases[g])));
-    }
-    vf load_n(int64_t, int, int) const { return vzero(); }  // never called: no tail
-    float at(int64_t n, int k) const {
-        const size_t g = size_t(n) * kGroups + size_t(k / G);
+    float scale(int64_t n, int g) const { return to_f32(scales[size_t(n) * kGroups + size_t(g)]); }
+    float bias(int64_t n, int g) const { return to_f32(biases[size_t(n) * kGroups + size_t(g)]); }
+    float at(int64_t n, int k) const {  // the dequantized weight (embedding rows, tests)
         const uint32_t word = q[size_t(n) * kWords + size_t(k / 8)];
-        return std::fma(float((word >> (4 * (k % 8))) & 15u), to_f32(scales[g]), to_f32(biases[g]));
+        return std::fma(float((word >> (4 * (k % 8))) & 15u), scale(n, k / G), bias(n, k / G));
     }
 };
 
@@ -187,12 +133,6 @@ struct ChannelW {
 
 namespace detail {
 
-#if defined(__AVX512F__)
-inline constexpr bool kAffineTableLookup = true;  // qdot_tile: int4 through vpermps tables
-#else
-inline constexpr bool kAffineTableLookup = false;
-#endif
-
 // dot_tile (linear.hpp) with the weight rows n..n+RN of a quantized view.
 template <int RT, int RN, int K, typename QW>
 inline void qdot_tile(const float* x, const QW& w, int64_t n, float (&out)[RT][RN]) {
@@ -201,72 +141,12 @@ inline void qdot_tile(const float* x, const QW& w, int64_t n, float (&out)[RT][R
     vf acc[RT][RN];
     for (int i = 0; i < RT; ++i)
         for (int j = 0; j < RN; ++j) acc[i][j] = vzero();
-    if constexpr (QW::kGroup > 0 && kAffineTableLookup) {
-#if defined(__AVX512F__)
-        // AVX-512: per group and weight row, a 16-entry table fma(q, scale, bias) for q = 0..15 (the
-        // same fma as the generic path, so every weight dequantizes to the same f32), looked up by
-        // vpermps, which reads only the low 4 bits of each 32-bit index: 16 packed bytes widened to
-        // int32 index the even elements, the same shifted right by 4 the odd ones. x is split into
-        // its even and odd columns to match (once per token row, shared by the RN weight rows). Per
-        // 32 weights: widen, shift, two lookups, two FMAs, against 13 vector ops converting nibbles
-        // to floats. The sum runs over each 32 columns' evens then odds: a fixed order, whatever the
-        // batch, within fp32 rounding of the dense order.
-        constexpr int G = QW::kGroup;
-        static_assert(G % 32 == 0, "32 weights per 16-byte load");
-        const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-        for (int g = 0; g < K / G; ++g) {
-            __m512 table[RN];
-            for (int j = 0; j < RN; ++j) {
-                vf scale, bias;
-                w.group(n + j, g, scale, bias);
-                table[j] = _mm512_fmadd_ps(iota, scale, bias);
-            }
-            for (int k = g * G; k < (g + 1) * G; k += 32) {
-                __m512 xe[RT], xo[RT];
-                for (int i = 0; i < RT; ++i) {
-                    const __m512 x0 = _mm512_loadu_ps(x + size_t(i) * K + k), x1 = _mm512_loadu_ps(x + size_t(i) * K + k + 16);
-                    xe[i] = _mm512_permutex2var_ps(x0, even, x1);
-                    xo[i] = _mm512_permutex2var_ps(x0, odd, x1);
-                }
-                for (int j = 0; j < RN; ++j) {
-                    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.bytes(n + j, k))));
-                    const __m512 we = _mm512_permutexvar_ps(b, table[j]);
-                    const __m512 wo = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table[j]);
-                    for (int i = 0; i < RT; ++i) acc[i][j] = _mm512_fmadd_ps(xo[i], wo, _mm512_fmadd_ps(xe[i], we, acc[i][j]));
-                }
-            }
-        }
-#endif
-    } else if constexpr (QW::kGroup > 0) {
-        // Affine groups: scale and bias broadcast once per group and row; w = fma(q, scale, bias).
-        constexpr int G = QW::kGroup;
-        for (int g = 0; g < K / G; ++g) {
-            vf scale[RN], bias[RN];
-            for (int j = 0; j < RN; ++j) w.group(n + j, g, scale[j], bias[j]);
-            static_assert(G % (2 * kLanes) == 0, "two vectors per 16-byte (8-byte) load");
-            for (int k = g * G; k < (g + 1) * G; k += 2 * kLanes) {
-                vf w0[RN], w1[RN];
-                for (int j = 0; j < RN; ++j) {
-                    w.load_q2(n + j, k, w0[j], w1[j]);
-                    w0[j] = vfma(w0[j], scale[j], bias[j]);
-                    w1[j] = vfma(w1[j], scale[j], bias[j]);
-                }
-                for (int i = 0; i < RT; ++i) {  // columns k.. then k + kLanes..: the dense order
-                    const vf x0 = vload(x + size_t(i) * K + k), x1 = vload(x + size_t(i) * K + k + kLanes);
-                    for (int j = 0; j < RN; ++j) acc[i][j] = vfma(x1, w1[j], vfma(x0, w0[j], acc[i][j]));
-                }
-            }
-        }
-    } else {
-        for (int k = 0; k < kFull; k += kLanes) {
-            vf wv[RN];
-            for (int j = 0; j < RN; ++j) wv[j] = w.load(n + j, k);
-            for (int i = 0; i < RT; ++i) {
-                const vf xv = vload(x + size_t(i) * K + k);
-                for (int j = 0; j < RN; ++j) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
-            }
+    for (int k = 0; k < kFull; k += kLanes) {
+        vf wv[RN];
+        for (int j = 0; j < RN; ++j) wv[j] = w.load(n + j, k);
+        for (int i = 0; i < RT; ++i) {
+            const vf xv = vload(x + size_t(i) * K + k);
+            for (int j = 0; j < RN; ++j) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
         }
     }
     if constexpr (kTail > 0) {
@@ -313,35 +193,51 @@ inline void qfor_each_dot(const float* x, const QW& w, int t0, int t1, int64_t n
 }  // namespace detail
 
 // y[t][n] = sum_k x[t][k] * dequant(W)[n][k] (+ bias[n]) (+ residual[t][n]).
+// MLX int4 (AffineW): x is quantized to int8 per 32 elements first (quant_int4_dot.hpp).
 template <int N, int K, typename QW>
 void qlinear(int rows, const float* x, const QW& w, const float* bias, const float* residual, float* y, ThreadPool& pool) {
-    pool.parallel_for(
-        N,
-        [&](int64_t n0, int64_t n1, int) {
-            detail::qfor_each_dot<K>(x, w, 0, rows, n0, n1, [&](int t, int64_t n, float v) {
-                if (bias) v += bias[n];
-                const size_t o = size_t(t) * N + size_t(n);
-                if (residual) v = residual[o] + v;
-                y[o] = v;
-            });
-        },
-        detail::kTileN);
+    auto store = [&](int t, int64_t n, float v) {
+        if (bias) v += bias[n];
+        const size_t o = size_t(t) * N + size_t(n);
+        if (residual) v = residual[o] + v;
+        y[o] = v;
+    };
+    if constexpr (QW::kGroup > 0) {
+        const uint8_t* xq = int4::quantize_rows<K>(rows, x, pool);
+        pool.parallel_for(
+            N, [&](int64_t n0, int64_t n1, int) { int4::for_each_dot<K, QW::kGroup>(xq, w, 0, rows, n0, n1, store); },
+            int4::kTileN);
+    } else {
+        pool.parallel_for(
+            N, [&](int64_t n0, int64_t n1, int) { detail::qfor_each_dot<K>(x, w, 0, rows, n0, n1, store); }, detail::kTileN);
+    }
 }
 
 // y = act(x Wg^T) * (x Wu^T), as linear_glu.
 template <int N, int K, Act ACT, typename QW>
 void qlinear_glu(int rows, const float* x, const QW& wg, const QW& wu, float* y, ThreadPool& pool) {
-    pool.parallel_for(
-        N,
-        [&](int64_t n0, int64_t n1, int) {
-            detail::qfor_each_dot<K>(x, wg, 0, rows, n0, n1, [&](int t, int64_t n, float g) {
-                y[size_t(t) * N + size_t(n)] = ACT == Act::silu ? g * (1.0f / (1.0f + std::exp(-g))) : gelu_tanh1(g);
-            });
-            detail::qfor_each_dot<K>(x, wu, 0, rows, n0, n1, [&](int t, int64_t n, float u) {
-                y[size_t(t) * N + size_t(n)] *= u;
-            });
-        },
-        detail::kTileN);
+    auto gate = [&](int t, int64_t n, float g) {
+        y[size_t(t) * N + size_t(n)] = ACT == Act::silu ? g * (1.0f / (1.0f + std::exp(-g))) : gelu_tanh1(g);
+    };
+    auto up = [&](int t, int64_t n, float u) { y[size_t(t) * N + size_t(n)] *= u; };
+    if constexpr (QW::kGroup > 0) {
+        const uint8_t* xq = int4::quantize_rows<K>(rows, x, pool);  // once for both projections
+        pool.parallel_for(
+            N,
+            [&](int64_t n0, int64_t n1, int) {
+                int4::for_each_dot<K, QW::kGroup>(xq, wg, 0, rows, n0, n1, gate);
+                int4::for_each_dot<K, QW::kGroup>(xq, wu, 0, rows, n0, n1, up);
+            },
+            int4::kTileN);
+    } else {
+        pool.parallel_for(
+            N,
+            [&](int64_t n0, int64_t n1, int) {
+                detail::qfor_each_dot<K>(x, wg, 0, rows, n0, n1, gate);
+                detail::qfor_each_dot<K>(x, wu, 0, rows, n0, n1, up);
+            },
+            detail::kTileN);
+    }
 }
 
 // Embedding rows of a quantized table: one row dequantized per token.

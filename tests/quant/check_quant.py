@@ -7,8 +7,9 @@
   logits    SCR FIXTURE WORK PRESET...   `scr logits` of the quantized checkpoint (test preset
                                          <preset>-kvf32: f32 KV cache) vs `scr logits --quant f32` of the
                                          checkpoint dequantized to f32 by the reference: max |diff| <=
-                                         1e-5 * max |logit| at every position (the kernels dequantize
-                                         exactly, so this is fp32 rounding of the same sums).
+                                         tolerance * max |logit| at every position (TOLERANCE below:
+                                         fp32 rounding for int8/fp8, the int8 activation rounding for
+                                         MLX int4) and the same top-1 wherever its margin is clear.
   errors    SCR FIXTURE WORK             bad checkpoints: wrong group size, truncated packed tensor,
                                          missing scales, dense checkpoint for a quantized preset ->
                                          non-zero exit and a message naming the problem.
@@ -136,19 +137,44 @@ def dequantized_copy(qdir, work, preset):
     return dq
 
 
+# Tolerance on max |diff| / max |logit| against the f32 model on the reference-dequantized weights.
+# int8 / fp8 kernels dequantize exactly and keep f32 activations: fp32 rounding of the same sums.
+# MLX int4 quantizes each activation row to int8 per 32 elements (docs/QUANT.md): every element moves
+# by up to half a step, 2^-8 of its block's largest magnitude, so a linear output moves by about
+# (amax / rms) / (127 * sqrt(12)) ~ 0.6-0.9 % of its spread, and the fixture's 3 layers (7 linears
+# each, in sequence through the residual stream) and the int4 head add up. Measured on this fixture
+# (8 + 16 positions): max |diff| / max |logit| 1.2-2.7 %, rms diff / std(logits) 1.2-2.5 %. The bounds
+# below leave ~2x room; a wrong nibble, scale or bias term moves the logits by tens of percent.
+TOLERANCE = {"mlx": 6e-2, "other": 1e-5}
+RMS_TOLERANCE = {"mlx": 5e-2, "other": 1e-5}
+
+
 def cmd_logits(scr, fixture, work, presets):
     failed = 0
     for preset in presets:
         qdir = quantize(scr, fixture, work, preset)
         dq = dequantized_copy(qdir, work, preset)
         got, want = logits(scr, qdir, preset + "-kvf32"), logits(scr, dq, "f32")
-        worst = 0.0
+        kind = "mlx" if preset.startswith("mlx-") else "other"
+        tol, rms_tol = TOLERANCE[kind], RMS_TOLERANCE[kind]
+        worst, worst_rms, agree, clear, clear_agree = 0.0, 0.0, 0, 0, 0
         for g_row, w_row in zip(got, want):
             scale = max(abs(v) for v in w_row)
             worst = max(worst, max(abs(a - b) for a, b in zip(g_row, w_row)) / scale)
-        ok = len(got) == len(want) and worst <= 1e-5
-        print("%s logits %-14s vs f32 of the reference-dequantized weights: max |diff| / max |logit| = %.3g (tolerance 1e-5)"
-              % ("ok  " if ok else "FAIL", preset, worst))
+            mean = sum(w_row) / len(w_row)
+            spread = (sum((v - mean) ** 2 for v in w_row) / len(w_row)) ** 0.5
+            worst_rms = max(worst_rms, (sum((a - b) ** 2 for a, b in zip(g_row, w_row)) / len(w_row)) ** 0.5 / spread)
+            top = sorted(range(len(w_row)), key=lambda i: -w_row[i])[:2]
+            same = max(range(len(g_row)), key=lambda i: g_row[i]) == top[0]
+            agree += same
+            # Where the f32 model's top-2 gap is wider than twice the tolerance, top-1 must agree.
+            if w_row[top[0]] - w_row[top[1]] > 2 * tol * scale:
+                clear += 1
+                clear_agree += same
+        ok = len(got) == len(want) and worst <= tol and worst_rms <= rms_tol and clear_agree == clear
+        print("%s logits %-14s vs f32 of the reference-dequantized weights: max |diff| / max |logit| = %.3g (tolerance %g), "
+              "rms diff / std = %.3g (tolerance %g); top-1 agrees at %d of %d positions, %d of %d with a clear top-2 gap"
+              % ("ok  " if ok else "FAIL", preset, worst, tol, worst_rms, rms_tol, agree, len(want), clear_agree, clear))
         failed += not ok
     return failed
 

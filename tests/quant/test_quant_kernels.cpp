@@ -1,10 +1,19 @@
-// The quantized CPU kernels (kernels/cpu/quant_linear.hpp) against a float64 reference of the same
-// dequantization (MLX affine: w = scale * q + bias; channel: w = scale * q), on random non-zero
-// inputs at several shapes, group sizes and batch sizes; plus batch invariance (a row's output is
-// bit-identical alone and inside any batch) and the fp8 e4m3 decoding table.
+// The quantized CPU kernels (kernels/cpu/quant_linear.hpp, quant_int4_dot.hpp) on random non-zero
+// inputs at several shapes, group sizes and batch sizes:
+//  - int8 / fp8 (channel: w = scale * q, f32 activations): against a float64 reference of the same
+//    dequantization;
+//  - MLX int4 (w = scale * q + bias, int8 activations per 32 elements): against a float64 reference
+//    of the same math (the activation quantization redone here from its definition, then exact
+//    products), within the fp32 rounding of the combine; against the dense product within the
+//    activation rounding bound; and bit for bit against the portable definition in the header (this
+//    file is also built for AVX2 and for the portable path, so every ISA is held to the same bits);
+//  - batch invariance (a row's output is bit-identical alone and inside any batch), the quantizer's
+//    rounding and special blocks, and the fp8 e4m3 decoding table.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -76,6 +85,95 @@ void expect_batch_invariant(const QW& w, const std::vector<float>& x, int rows, 
     }
 }
 
+// The int8 activation quantization of docs/QUANT.md, redone from its definition: per block of 32,
+// d = amax / 127 and q = x * (127 / amax) (f32 product) rounded half to even; a block whose amax is
+// below 2^-100 is zero. Finite inputs only.
+struct QuantizedRow {
+    std::vector<int> q;
+    std::vector<float> d;  // per block of 32
+};
+QuantizedRow quantize_reference(const float* x, int K) {
+    QuantizedRow r{std::vector<int>(size_t(K), 0), std::vector<float>(size_t(K / 32), 0.0f)};
+    for (int b = 0; b < K / 32; ++b) {
+        float amax = 0;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+        if (amax < 0x1p-100f) continue;
+        const float inv = 127.0f / amax;
+        r.d[size_t(b)] = amax / 127.0f;
+        for (int i = 0; i < 32; ++i) {
+            const float v = x[b * 32 + i] * inv;
+            const float lower = std::floor(v), frac = v - lower;  // exact for |v| < 2^23
+            const bool odd = std::fmod(lower, 2.0f) != 0.0f;
+            const int q = int(lower) + ((frac > 0.5f || (frac == 0.5f && odd)) ? 1 : 0);
+            r.q[size_t(b * 32 + i)] = q;
+        }
+    }
+    return r;
+}
+
+// y = sum_k (s_g q_k + b_g) * (d_b qx_k) in float64 (the same math as the kernel, exactly), with the
+// magnitude of its terms; and the bound on its distance to the dense product sum_k w_k x_k from the
+// activation rounding, |x - d q| <= d / 2 per element (checked here too).
+template <typename QW>
+void reference_int4(const QW& w, int N, int K, int G, const std::vector<float>& x, int rows, const float* bias,
+                    const float* residual, std::vector<double>& ref, std::vector<double>& mag, std::vector<double>& dense_bound,
+                    std::vector<double>* dense = nullptr) {
+    ref.assign(size_t(rows) * N, 0.0);
+    mag.assign(size_t(rows) * N, 0.0);
+    dense_bound.assign(size_t(rows) * N, 0.0);
+    if (dense) dense->assign(size_t(rows) * N, 0.0);
+    for (int t = 0; t < rows; ++t) {
+        const float* xr = x.data() + size_t(t) * K;
+        const QuantizedRow qx = quantize_reference(xr, K);
+        for (int c = 0; c < K; ++c) {
+            const double step = qx.d[size_t(c / 32)];
+            EXPECT_LE(std::fabs(double(xr[c]) - step * qx.q[size_t(c)]), step / 2 * (1 + 1e-6)) << "x[" << t << "][" << c << "]";
+        }
+        for (int n = 0; n < N; ++n) {
+            double s = 0, m = 0, bound = 0, d = 0;
+            for (int c = 0; c < K; ++c) {
+                const uint32_t word = w.q[size_t(n) * (K / 8) + size_t(c / 8)];
+                const double wq = double((word >> (4 * (c % 8))) & 15u);
+                const double wv = double(w.scale(n, c / G)) * wq + double(w.bias(n, c / G));  // exact in float64
+                const double xv = double(qx.d[size_t(c / 32)]) * qx.q[size_t(c)];
+                s += wv * xv;
+                m += (std::fabs(double(w.scale(n, c / G)) * wq) + std::fabs(double(w.bias(n, c / G)))) * std::fabs(xv);
+                bound += std::fabs(wv) * qx.d[size_t(c / 32)] / 2;
+                d += wv * double(xr[c]);
+            }
+            if (bias) s += bias[n], m += std::fabs(bias[n]), d += bias[n];
+            if (residual) {
+                const double r = residual[size_t(t) * N + n];
+                s += r, m += std::fabs(r), d += r;
+            }
+            ref[size_t(t) * N + n] = s;
+            mag[size_t(t) * N + n] = m;
+            dense_bound[size_t(t) * N + n] = bound;
+            if (dense) (*dense)[size_t(t) * N + n] = d;
+        }
+    }
+}
+
+// The fp32 rounding allowance of the int4 combine: a lane adds K/128 chunk terms and K/512 bias
+// terms, each product rounded once (s * d) before its fma, then a 4-level tree and the bias and
+// residual adds: n roundings of at most 2^-24 of the running magnitude, doubled for slack.
+double int4_tolerance(double mag, int K) { return mag * (K / 128 + K / 512 + 10) * 0x1p-23; }
+
+// The kernel equals the portable definition bit for bit: the quantized rows byte for byte, each
+// output as dot_portable computes it.
+template <int N, int K, int G, typename QW>
+void expect_portable_bits(const QW& w, const std::vector<float>& x, int rows, const std::vector<float>& y) {
+    using L = k::int4::ActLayout<K>;
+    std::vector<uint8_t> simd(L::kRowBytes), portable(L::kRowBytes);
+    for (int t = 0; t < rows; ++t) {
+        k::int4::quantize_row<K>(x.data() + size_t(t) * K, simd.data());
+        k::int4::quantize_row_portable<K>(x.data() + size_t(t) * K, portable.data());
+        ASSERT_EQ(0, std::memcmp(simd.data(), portable.data(), L::kRowBytes)) << "quantized row " << t;
+        for (int n = 0; n < N; ++n)
+            ASSERT_EQ(y[size_t(t) * N + n], (k::int4::dot_portable<K, G>(portable.data(), w, n))) << "row " << t << " col " << n;
+    }
+}
+
 template <int N, int K, int G>
 void affine_case(int rows) {
     SCOPED_TRACE(testing::Message() << "affine N=" << N << " K=" << K << " G=" << G << " rows=" << rows);
@@ -95,14 +193,19 @@ void affine_case(int rows) {
             ASSERT_EQ(double(w.at(n, c)), double(scr::bf16_to_f32(scales[g].bits)) * nib + scr::bf16_to_f32(biases[g].bits));
         }
     auto x = random_x(rows, K);
+    for (int t = 0; t < rows; ++t) x[size_t(t) * K + size_t(t) % K] *= 8.0f;  // an outlier per row
     std::vector<float> bias(N), residual(size_t(rows) * N), y(size_t(rows) * N);
     for (auto& b : bias) b = uniform(-1, 1);
     for (auto& r : residual) r = uniform(-1, 1);
     k::qlinear<N, K>(rows, x.data(), w, bias.data(), residual.data(), y.data(), pool());
-    std::vector<double> ref, mag;
-    reference(w, N, K, x, rows, bias.data(), residual.data(), ref, mag);
-    expect_close(y, ref, mag, K);
+    std::vector<double> ref, mag, bound, dense;
+    reference_int4(w, N, K, G, x, rows, bias.data(), residual.data(), ref, mag, bound, &dense);
+    for (size_t i = 0; i < y.size(); ++i) {
+        ASSERT_NEAR(double(y[i]), ref[i], int4_tolerance(mag[i], K)) << "output " << i << " vs the same math in float64";
+        ASSERT_NEAR(double(y[i]), dense[i], bound[i] + int4_tolerance(mag[i], K)) << "output " << i << " vs the dense product";
+    }
     k::qlinear<N, K>(rows, x.data(), w, nullptr, nullptr, y.data(), pool());
+    expect_portable_bits<N, K, G>(w, x, rows, y);
     expect_batch_invariant<N, K>(w, x, rows, y);
 }
 
@@ -139,6 +242,65 @@ TEST(QuantKernels, AffineInt4ShapesGroupsBatches) {
         affine_case<33, 128, 64>(rows);
         affine_case<64, 256, 128>(rows);
         affine_case<19, 384, 64>(rows);
+        // K not a multiple of 128 (a partial chunk) or of 16 groups (a partial scale vector).
+        affine_case<6, 96, 32>(rows);
+        affine_case<9, 192, 64>(rows);
+        affine_case<5, 640, 128>(rows);
+        affine_case<8, 1056, 32>(rows);
+    }
+}
+
+// The activation quantizer on hand-made blocks: ties round to even, the zero and tiny blocks, the
+// lane-expanded scales, and inf/NaN making every output of the row NaN.
+TEST(QuantKernels, Int4ActivationQuantizer) {
+    constexpr int K = 128;
+    using L = k::int4::ActLayout<K>;
+    std::vector<float> x(K, 0.0f);
+    // Block 0: amax 127 so 127 / amax = 1 and q is x rounded half to even.
+    const float block0[8] = {127.0f, 0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -126.5f, 3.25f};
+    const int want0[8] = {127, 0, 2, 2, 0, -2, -126, 3};
+    for (int i = 0; i < 8; ++i) x[size_t(i)] = block0[i];
+    // Block 1: all zero. Block 2: below 2^-100, treated as zero. Block 3: amax 2, a step of 2/127.
+    for (int i = 64; i < 96; ++i) x[size_t(i)] = 0x1p-110f;
+    x[96] = 2.0f, x[97] = -1.0f, x[98] = 1.0f / 127.0f;
+    std::vector<uint8_t> row(L::kRowBytes, 0xee), portable(L::kRowBytes, 0x11);
+    k::int4::quantize_row<K>(x.data(), row.data());
+    k::int4::quantize_row_portable<K>(x.data(), portable.data());
+    ASSERT_EQ(0, std::memcmp(row.data(), portable.data(), L::kRowBytes));
+    const auto* q = reinterpret_cast<const int8_t*>(row.data());
+    const auto* dx = reinterpret_cast<const float*>(row.data() + L::kDxOffset);
+    const auto* sx = reinterpret_cast<const float*>(row.data() + L::kSxOffset);
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(q[k::int4::q_pos(i)], want0[i]) << "element " << i;
+    EXPECT_EQ(q[0], 127);  // element 0 is byte 0 (evens first), element 1 byte 64 (odds)
+    EXPECT_EQ(q[64], 0);
+    EXPECT_EQ(q[1], 2);    // element 2
+    EXPECT_EQ(q[65], 2);   // element 3
+    for (int i = 32; i < 96; ++i) EXPECT_EQ(q[k::int4::q_pos(i)], 0) << "element " << i;
+    EXPECT_EQ(q[k::int4::q_pos(96)], 127);
+    EXPECT_EQ(q[k::int4::q_pos(97)], -64);  // -63.5 -> -64 (even)
+    EXPECT_EQ(q[k::int4::q_pos(98)], 0);    // (1/127) * 63.5 = 0.5 -> 0
+    for (int j = 0; j < 16; ++j) EXPECT_EQ(dx[j], (j < 4 ? 1.0f : j < 12 ? 0.0f : 2.0f / 127.0f)) << "lane " << j;
+    EXPECT_EQ(sx[0], 127.0f + 0 + 2 + 2 + 0 - 2 - 126 + 3);
+    EXPECT_EQ(sx[1], 0.0f);
+    EXPECT_EQ(sx[2], 0.0f);
+    EXPECT_EQ(sx[3], (2.0f / 127.0f) * float(127 - 64));
+    for (int j = 4; j < 16; ++j) EXPECT_EQ(sx[j], 0.0f);
+
+    // A non-finite activation poisons its row (and only its row).
+    constexpr int N = 8;
+    std::vector<uint32_t> w4(N * K / 8, 0x76543210u);
+    std::vector<bf16_t> s(N * K / 32, bf16(0.25f)), b(N * K / 32, bf16(-0.5f));
+    const k::AffineW<K, 4, 32, bf16_t> w{w4.data(), s.data(), b.data()};
+    for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                      std::numeric_limits<float>::quiet_NaN()}) {
+        auto xs = random_x(2, K);
+        xs[K + 77] = bad;
+        std::vector<float> y(2 * N);
+        k::qlinear<N, K>(2, xs.data(), w, nullptr, nullptr, y.data(), pool());
+        for (int n = 0; n < N; ++n) {
+            EXPECT_TRUE(std::isfinite(y[size_t(n)])) << "clean row, col " << n;
+            EXPECT_TRUE(std::isnan(y[size_t(N + n)])) << "poisoned row, col " << n << " = " << y[size_t(N + n)];
+        }
     }
 }
 
@@ -168,7 +330,9 @@ TEST(QuantKernels, Fp8DecodeTable) {
     EXPECT_TRUE(std::isnan(k::fp8e4m3_to_f32(0x7f)));
     EXPECT_TRUE(std::isnan(k::fp8e4m3_to_f32(0xff)));
     for (int b = 0; b < 256; ++b)
-        if ((b & 0x7f) != 0x7f) EXPECT_EQ(k::fp8e4m3_table()[b], k::fp8e4m3_to_f32(uint8_t(b)));
+        if ((b & 0x7f) != 0x7f) {
+            EXPECT_EQ(k::fp8e4m3_table()[b], k::fp8e4m3_to_f32(uint8_t(b)));
+        }
     // The in-register decode (SIMD builds: bit placement and a 2^120 scale) equals the table for
     // every non-NaN code, subnormals and signed zero included.
     k::fp8e4m3 codes[256];
@@ -196,12 +360,14 @@ TEST(QuantKernels, GluAndEmbedding) {
     auto x = random_x(rows, K);
     std::vector<float> y(rows * N);
     k::qlinear_glu<N, K, k::Act::silu>(rows, x.data(), wg, wu, y.data(), pool());
-    std::vector<double> g, u, mg, mu;
-    reference(wg, N, K, x, rows, nullptr, nullptr, g, mg);
-    reference(wu, N, K, x, rows, nullptr, nullptr, u, mu);
+    std::vector<double> g, u, mg, mu, bound;
+    reference_int4(wg, N, K, G, x, rows, nullptr, nullptr, g, mg, bound);
+    reference_int4(wu, N, K, G, x, rows, nullptr, nullptr, u, mu, bound);
     for (int i = 0; i < rows * N; ++i) {
         const double want = g[i] / (1 + std::exp(-g[i])) * u[i];
-        ASSERT_NEAR(y[i], want, 1e-5 * (std::fabs(want) + mg[i] * mu[i] * 1e-2) + 1e-6) << i;
+        // gate and up each within their fp32 allowance, then silu and the product in f32
+        const double tg = int4_tolerance(mg[i], K), tu = int4_tolerance(mu[i], K);
+        ASSERT_NEAR(y[i], want, 1.2 * (tg * std::fabs(u[i]) + tu * (std::fabs(g[i]) + tg)) + 1e-6 * std::fabs(want) + 1e-30) << i;
     }
     // Embedding: rows of the dequantized table, exactly.
     const int32_t ids[3] = {5, 0, 23};
