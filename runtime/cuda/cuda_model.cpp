@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <string_view>
 
 #include "runtime/core/error.hpp"
 #include "runtime/core/thread_pool.hpp"
 #include "runtime/weights/weight_set.hpp"
+#include "kernels/cuda/sample.hpp"
 
 namespace scr {
 
@@ -61,6 +64,19 @@ struct CudaGeneratedModel::Impl {
     std::vector<int> buckets;  // decode graph batch sizes
     std::map<int, cudaGraphExec_t> graphs;
     Stats stats;
+
+    // Sampling on the GPU (forward_sample): per-row parameters in, token ids out, through pinned
+    // buffers allocated at the first use; `sampling_out` is set only while forward_sample runs.
+    bool device_sampling = [] {
+        const char* e = std::getenv("SCR_CUDA_DEVICE_SAMPLING");
+        return !(e && std::string_view(e) == "0");
+    }();
+    kc::SampleParams* sample_params_host = nullptr;
+    kc::SampleParams* sample_params_dev = nullptr;
+    int32_t* sampled_host = nullptr;
+    int32_t* sampled_dev = nullptr;
+    std::span<const DeviceSamplingRow> sampling;
+    int32_t* sampling_out = nullptr;
 
     void drop_graphs() {
         for (auto& [rows, g] : graphs) cudaGraphExecDestroy(g);
@@ -202,6 +218,10 @@ CudaGeneratedModel::~CudaGeneratedModel() {
     cudaFreeHost(m.meta_host);
     cudaFree(m.logits_dev);
     cudaFreeHost(m.logits_host);
+    cudaFree(m.sample_params_dev);
+    cudaFreeHost(m.sample_params_host);
+    cudaFree(m.sampled_dev);
+    cudaFreeHost(m.sampled_host);
     cudaFree(m.moe_ws);
     cudaFree(m.scratch);
     cudaFree(m.table);
@@ -320,18 +340,65 @@ void CudaGeneratedModel::forward(const StepBatch& b, KvPool& kv, float* logits) 
         check(cudaGetLastError(), "a kernel launch");
         ++m.stats.eager_steps;
     }
+    if (m.sampling_out && R > 0) {
+        // forward_sample: rows 0..R-1 of the device logits are the step's real rows (graph padding
+        // comes after them); the sampler runs after the step's kernels and only token ids come back.
+        for (int r = 0; r < R; ++r) {
+            const DeviceSamplingRow& s = m.sampling[size_t(r)];
+            m.sample_params_host[r] = kc::SampleParams{s.temperature, s.top_k, s.top_p, s.min_p, s.uniform};
+        }
+        SCR_CUDA(cudaMemcpyAsync(m.sample_params_dev, m.sample_params_host, size_t(R) * sizeof(kc::SampleParams),
+                                 cudaMemcpyHostToDevice, m.stream));
+        kc::sample_rows(m.stream, m.logits_dev, mi.vocab_size, R, m.sample_params_dev, m.sampled_dev);
+        check(cudaGetLastError(), "the sampling kernel launch");
+        SCR_CUDA(cudaMemcpyAsync(m.sampled_host, m.sampled_dev, size_t(R) * 4, cudaMemcpyDeviceToHost, m.stream));
+    }
     if (m.timing) SCR_CUDA(cudaEventRecord(m.t_end, m.stream));
     const size_t vocab = size_t(mi.vocab_size);
     if (R > 0 && logits)
         SCR_CUDA(cudaMemcpyAsync(m.logits_host, m.logits_dev, size_t(R) * vocab * 4, cudaMemcpyDeviceToHost, m.stream));
     SCR_CUDA(cudaStreamSynchronize(m.stream));
     if (R > 0 && logits) std::memcpy(logits, m.logits_host, size_t(R) * vocab * 4);
+    if (m.sampling_out && R > 0) {
+        std::memcpy(m.sampling_out, m.sampled_host, size_t(R) * 4);
+        m.stats.device_sampled_rows += R;
+    }
     if (m.timing) {
         float ms = 0;
         SCR_CUDA(cudaEventElapsedTime(&ms, m.t_begin, m.t_end));
         m.stats.device_seconds += ms * 1e-3;
         ++m.stats.timed_steps;
     }
+}
+
+bool CudaGeneratedModel::can_sample_on_device() const { return impl_->device_sampling; }
+
+void CudaGeneratedModel::set_device_sampling(bool on) { impl_->device_sampling = on; }
+
+void CudaGeneratedModel::forward_sample(const StepBatch& b, KvPool& kv, std::span<const DeviceSamplingRow> sampling,
+                                        int32_t* token_ids) {
+    Impl& m = *impl_;
+    const ModelInfo& mi = info();
+    if (b.num_logits > 0 && (!token_ids || sampling.size() < size_t(b.num_logits)))
+        fail("forward_sample: {} logit rows but {} sampling rows{}", b.num_logits, sampling.size(),
+             token_ids ? "" : " and no output");
+    if (!m.sample_params_host) {
+        const size_t rows = size_t(std::max(1, mi.max_logit_rows));
+        SCR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&m.sample_params_host), rows * sizeof(kc::SampleParams)));
+        SCR_CUDA(cudaMalloc(reinterpret_cast<void**>(&m.sample_params_dev), rows * sizeof(kc::SampleParams)));
+        SCR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&m.sampled_host), rows * 4));
+        SCR_CUDA(cudaMalloc(reinterpret_cast<void**>(&m.sampled_dev), rows * 4));
+    }
+    m.sampling = sampling;
+    m.sampling_out = token_ids;
+    struct Reset {
+        Impl& m;
+        ~Reset() {
+            m.sampling = {};
+            m.sampling_out = nullptr;
+        }
+    } reset{m};
+    forward(b, kv, nullptr);
 }
 
 }  // namespace scr

@@ -29,6 +29,13 @@ public:
     // launches its kernels directly.
     void forward(const StepBatch& batch, KvPool& kv, float* logits) final;
 
+    // Sampling on the GPU (kernels/cuda/sample.cuh): the logits stay on the device, one token id per
+    // row comes back. On unless SCR_CUDA_DEVICE_SAMPLING=0 or set_device_sampling(false).
+    bool can_sample_on_device() const final;
+    void forward_sample(const StepBatch& batch, KvPool& kv, std::span<const DeviceSamplingRow> sampling,
+                        int32_t* token_ids) final;
+    void set_device_sampling(bool on);
+
     struct Stats {
         double upload_seconds = 0;   // weights to the GPU, in the constructor
         int64_t upload_bytes = 0;
@@ -37,6 +44,7 @@ public:
         int64_t graph_steps = 0, eager_steps = 0;
         double device_seconds = 0;   // with timing on: the steps' kernels, by CUDA events
         int64_t timed_steps = 0;
+        int64_t device_sampled_rows = 0;  // rows sampled on the GPU (forward_sample)
     };
     const Stats& stats() const;
     // Times each step's kernels with CUDA events (off by default; for benchmarks).

@@ -352,6 +352,9 @@ bool Engine::Impl::step() {
     ++stats.steps;
 
     runner->prepare(out, info.block_size);
+    // Sampling on the model's device when it can and every row allows it (only token ids come back).
+    const bool device_sampled =
+        runner->plan_device_sampling(out, [](Sequence& s) -> Rng& { return static_cast<EngineSeq&>(s).rng; });
     const double t2 = now_seconds();
     try {
         runner->execute(kv_memory->pool());
@@ -377,8 +380,9 @@ bool Engine::Impl::step() {
             std::max(0, std::min(sch.start + sch.num_tokens, sch.seq->num_prompt_tokens) - sch.start);
         if (!sch.needs_sample) continue;
         auto& s = static_cast<EngineSeq&>(*sch.seq);
-        sampled[i] = sampler->sample(runner->logits_of(i), *s.params, s.tokens, s.num_output_tokens(),
-                                     eos_ids, s.rng, s.params->logprobs >= 0 ? &s.logprob : nullptr);
+        sampled[i] = device_sampled ? runner->device_token_of(i)
+                                    : sampler->sample(runner->logits_of(i), *s.params, s.tokens, s.num_output_tokens(),
+                                                      eos_ids, s.rng, s.params->logprobs >= 0 ? &s.logprob : nullptr);
     }
     const double t4 = now_seconds();
 

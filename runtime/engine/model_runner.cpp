@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "runtime/engine/sampler.hpp"
+
 namespace scr::engine {
 
 ModelRunner::ModelRunner(CompiledModel& model, int max_num_seqs, int max_model_len)
@@ -18,6 +20,8 @@ ModelRunner::ModelRunner(CompiledModel& model, int max_num_seqs, int max_model_l
     logit_rows_.resize(size_t(max_num_seqs));
     row_of_seq_.resize(size_t(max_num_seqs));
     logits_.resize(size_t(max_num_seqs) * size_t(vocab_));
+    device_rows_.resize(size_t(max_num_seqs));
+    device_tokens_.resize(size_t(max_num_seqs));
 }
 
 // vLLM: vllm/v1/worker/gpu_model_runner.py (_prepare_inputs): per scheduled request, its tokens
@@ -65,9 +69,39 @@ const StepBatch& ModelRunner::prepare(const SchedulerOutput& out, int block_size
     batch_.block_table_stride = stride_;
     batch_.num_logits = num_logits;
     batch_.logit_rows = logit_rows_.data();
+    device_sampling_ = false;
     return batch_;
 }
 
-void ModelRunner::execute(KvPool& kv) { model_.forward(batch_, kv, logits_.data()); }
+bool ModelRunner::plan_device_sampling(const SchedulerOutput& out, Rng& (*rng_of)(Sequence&)) {
+    device_sampling_ = false;
+    if (batch_.num_logits == 0 || !model_.can_sample_on_device()) return false;
+    for (size_t s = 0; s < out.seqs.size(); ++s) {
+        const ScheduledSeq& sch = out.seqs[s];
+        if (sch.needs_sample && !Sampler::device_supports(*sch.seq->params, sch.seq->num_output_tokens())) return false;
+    }
+    for (size_t s = 0; s < out.seqs.size(); ++s) {
+        const int r = row_of_seq_[s];
+        if (r < 0) continue;
+        const SamplingParams& p = *out.seqs[s].seq->params;
+        DeviceSamplingRow& row = device_rows_[size_t(r)];
+        row.temperature = p.temperature;
+        row.top_k = p.top_k;
+        row.top_p = p.top_p;
+        row.min_p = p.min_p;
+        // Sampler::sample draws one uniform for a non-greedy token and none for a greedy one.
+        row.uniform = p.temperature < Sampler::kSamplingEps ? 0.0 : rng_of(*out.seqs[s].seq).uniform();
+    }
+    device_sampling_ = true;
+    return true;
+}
+
+void ModelRunner::execute(KvPool& kv) {
+    if (device_sampling_)
+        model_.forward_sample(batch_, kv, std::span<const DeviceSamplingRow>(device_rows_.data(), size_t(batch_.num_logits)),
+                              device_tokens_.data());
+    else
+        model_.forward(batch_, kv, logits_.data());
+}
 
 }  // namespace scr::engine

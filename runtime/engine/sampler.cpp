@@ -166,6 +166,11 @@ void Sampler::apply_min_p_top_k_top_p(float* logits, const SamplingParams& p) {
     for (int j = keep; j < n; ++j) logits[order_[size_t(j)]] = kNegInf;
 }
 
+bool Sampler::device_supports(const SamplingParams& p, int num_output_tokens) {
+    return p.logprobs < 0 && p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+           p.frequency_penalty == 0.0f && num_output_tokens >= p.min_tokens;
+}
+
 // vLLM: vllm/v1/sample/sampler.py:L67 (Sampler.forward) and L171 (sample).
 int32_t Sampler::sample(float* logits, const SamplingParams& p, std::span<const int32_t> context,
                         int num_output_tokens, std::span<const int32_t> eos_ids, Rng& rng,

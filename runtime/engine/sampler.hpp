@@ -39,6 +39,12 @@ public:
 
     static constexpr float kSamplingEps = 1e-5f;  // vLLM: vllm/v1/sample/sampler.py:L17
 
+    // Whether this step of a sequence needs nothing but what a device sampler implements
+    // (DeviceSamplingRow, runtime/model/compiled_model.hpp: temperature, min_p, top_k, top_p, one draw).
+    // Anything else this sampler does (penalties, logit bias, an active min_tokens, logprobs) needs the
+    // logits on the host. Keep this in step with sample(): a new feature there is false here.
+    static bool device_supports(const SamplingParams& p, int num_output_tokens);
+
 private:
     int vocab_;
     std::vector<float> raw_;           // raw logits kept for logprobs

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -106,12 +107,34 @@ struct KvPool {
     int32_t num_blocks = 0;
 };
 
+// How one logit row is to be sampled by a model that samples on its own device
+// (CompiledModel::forward_sample). It is the part of the engine's sampler a device implements:
+// temperature, min_p, top_k, top_p (vLLM's order) and one draw. Penalties, logit bias, min_tokens and
+// logprobs need the logits on the host: the engine then calls forward() instead.
+struct DeviceSamplingRow {
+    float temperature = 0;  // < 1e-5 (the sampler's kSamplingEps): greedy, the lowest id among equal maxima
+    int32_t top_k = 0;      // <= 0 or >= vocab_size: off; ties with the k-th value are kept
+    float top_p = 1;        // >= 1: off
+    float min_p = 0;        // <= 0: off
+    double uniform = 0;     // in [0, 1): the draw inverts the CDF of the kept tokens, in id order, at it
+};
+
 class CompiledModel {
 public:
     virtual ~CompiledModel() = default;
     virtual const ModelInfo& info() const = 0;
     // logits: [batch.num_logits][vocab_size] float32.
     virtual void forward(const StepBatch& batch, KvPool& kv, float* logits) = 0;
+
+    // Optional: models whose logits live on an accelerator may sample there, so that only token ids
+    // come back. forward_sample is forward() followed by one token per logit row:
+    // sampling[r] says how row r is drawn, token_ids[r] receives it ([batch.num_logits] each).
+    virtual bool can_sample_on_device() const { return false; }
+    virtual void forward_sample(const StepBatch& batch, KvPool& kv, std::span<const DeviceSamplingRow> sampling,
+                                int32_t* token_ids) {
+        (void)batch, (void)kv, (void)sampling, (void)token_ids;
+        throw std::logic_error("forward_sample called on a model that cannot sample on its device");
+    }
 };
 
 using ModelFactory = std::unique_ptr<CompiledModel> (*)(const WeightSet&, ThreadPool&);
