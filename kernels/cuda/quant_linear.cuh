@@ -7,27 +7,28 @@
 //   Int8Channel<ST>:   q int8 [N][K]; scale ST [N] (the checkpoint's [N, 1]); w = scale * q
 //                      (compressed-tensors int-quantized W8A16, per output channel, symmetric).
 //
-// Streaming the packed bytes at HBM speed leaves few instructions per weight (int4 at ~4.2 TB/s is
-// ~32 weights per clock per SM), so:
-//  * packed weights: 16-byte `ld.global.nc.L1::no_allocate` loads, consecutive lanes on
-//    consecutive 16-byte chunks of a row, 8 loads per lane in flight (4 from 2 token rows up);
-//  * q -> float without I2F (16/clk/SM on Hopper, too slow): the bits are OR-ed into the mantissa
-//    of a power of two, which is then subtracted (exact): one LOP3 + one FADD per weight;
-//  * the affine part is factored out of the dot product per 16-byte chunk (one chunk never spans
-//    two groups since G >= 32): sum x*(s*q + b) = s*sum(x*q) + b*sum(x), so the inner loop is one
-//    FMA per weight per token row;
-//  * each warp carries 4 output rows, so every activation load from L1 feeds 4 weight rows.
-// Up to 8 token rows per block; more rows run as 8-row groups in adjacent blocks (the repeated
-// weight reads then hit L2), as the dense GEMV does (linear.cuh). No tensor-core path: a quantized
-// prefill through this kernel is correct but slow. A row's arithmetic does not depend on the other
-// rows, so results are batch-invariant.
-//
-// Measured on the H200 (docs/CUDA.md, "Quantized GEMV"): int8 58-93 % of the copy bandwidth at batch 1
-// on the large shapes, int4 only 28-38 %: a lane's 16 bytes are 32 consecutive int4 weights, so its
-// 32 activations are 128 bytes and each x load of a warp touches 32 L1 lines. Repacking the words at
-// upload (lane l holding words l, l+32, l+64, l+96 of each 512-byte span) is the planned fix.
+// Two kernels (quant_linear below picks one per shape, never per number of rows):
+//  * quant_mma_kernel (default): tensor cores, weights as the MMA's A operand, x as bf16 hi + lo;
+//    described at its definition and in docs/CUDA.md, "Quantized GEMV";
+//  * quant_gemv_kernel (SIMT; SCR_CUDA_QUANT_GEMV=simt, kept for A/B runs):
+//    - packed weights: 16-byte `ld.global.nc.L1::no_allocate` loads, consecutive lanes on
+//      consecutive 16-byte chunks of a row, 8 loads per lane in flight (4 from 2 token rows up);
+//    - q -> float without I2F (16/clk/SM on Hopper, too slow): the bits are OR-ed into the mantissa
+//      of a power of two, which is then subtracted (exact): one LOP3 + one FADD per weight;
+//    - the affine part is factored out of the dot product per 16-byte chunk (one chunk never spans
+//      two groups since G >= 32): sum x*(s*q + b) = s*sum(x*q) + b*sum(x), so the inner loop is one
+//      FMA per weight per token row;
+//    - each warp carries 4 output rows, so every activation load from L1 feeds 4 weight rows;
+//    - up to 8 token rows per block; more rows run as 8-row groups in adjacent blocks (the repeated
+//      weight reads then hit L2), as the dense GEMV does (linear.cuh).
+//    Measured on the H200 (docs/CUDA.md): int8 58-93 % of the copy bandwidth at batch 1 on the large
+//    shapes, int4 only 28-38 %: a lane's 16 bytes are 32 consecutive int4 weights, so its 32
+//    activations are 128 bytes and each x load of a warp touches 32 L1 lines.
+// In both, a row's arithmetic does not depend on the other rows, so results are batch-invariant.
 #pragma once
 
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -98,6 +99,11 @@ struct MlxInt4 {
     static constexpr bool kAffine = true;  // per-group scale and bias (else: one scale per row)
     static_assert(G % kElems == 0, "a 16-byte chunk must lie inside one group");
     __device__ __forceinline__ static void unpack(uint32_t w, float (&q)[kPerWord]) { unpack_u4x8(w, q); }
+    // Tensor-core path: k per 64-byte chunk of a row (4 lanes x 16 bytes), and the lane-index bits
+    // exchanged with word-index bits so that word w of every lane lies in one group (see below).
+    static constexpr int kMmaChunk = 128;
+    static constexpr int kSwap = G == 32 ? 3 : G == 64 ? 2 : 0;
+    static constexpr int kWordsPerGroup = G / 32;
 };
 
 template <typename ST>
@@ -108,6 +114,7 @@ struct Int8Channel {
     static constexpr int kPerWord = 4;
     static constexpr bool kAffine = false;
     __device__ __forceinline__ static void unpack(uint32_t w, float (&q)[kPerWord]) { unpack_s8x4(w, q); }
+    static constexpr int kMmaChunk = 64;
 };
 
 constexpr int kQWarps = 8;
@@ -289,12 +296,447 @@ void launch_quant_gemv_split(cudaStream_t stream, const QuantLinearArgs& a) {
     }
 }
 
+
+// ---- Decode linear on tensor cores, quantized weights as the MMA's A operand ----
+// Same scheme as linear.cuh's mma_linear_kernel: mma.m16n8k16 with 16 weight rows x 16 k as A and
+// 16 k x 8 token rows as B; x (float32) enters as bf16 hi + lo (~2^-17 relative); q is exact in bf16
+// (0..15, -128..127). Each block owns MT tiles of 16 weight rows; its warps split K into fixed
+// slices whose partial sums meet in a fixed tree, so a row's result has the same bits for any
+// number of token rows. Lane (g, t) = (lane / 4, lane % 4) loads bytes 16t..16t+15 of each 64-byte
+// chunk of rows g and g + 8 (16-byte loads, 4 lanes on 64 contiguous bytes of a row) and the x
+// values of token g at the same k: the MMA's k order is a permutation of memory order, the same
+// for A and B.
+//  * int4 (chunk = 128 k): the MMA sums over the 4 lanes t of a row, so all 4 must hold k of the
+//    same group for the scale to be applied to the C fragment. A lane's 16 bytes are 4 words of one
+//    32-k block; for G = 32 the 4 lanes of a row transpose their 4x4 words (two xor-shuffle stages),
+//    for G = 64 one stage (lane bit 1 with word bit 1), for G = 128 none. Word w of every lane then
+//    lies in group w / (G / 32) of the chunk (qmma_word_k gives its k). Nibble pairs (i, i + 4) of a
+//    word become one bf16x2 register ((w >> 4i) & 0x000f000f | 0x4300 4300 = 128 + q, minus 128).
+//    Per group: C' = q . (x_hi + x_lo) by MMAs, then acc += scale * C' + bias * X, X the group's
+//    sum of x (float32 x itself, summed in a fixed order over the 4 lanes of token g, then shuffled
+//    to the lanes holding that token's C columns).
+//  * int8 (chunk = 64 k): one scale per row, so no transpose; byte pairs (0,1), (2,3) of a word are
+//    bf16x2 registers (exact through float32), and the scale multiplies the final sum.
+constexpr int kMmaMaxWarps = 8;
+
+__device__ __forceinline__ void qmma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                                uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// ---- Per-lane pieces of the mapping, shared with the host emulation (quant_gemv_test.cu) ----
+
+// bf16 bits of a float, rounded to nearest even (as __floats2bfloat162_rn; no NaN inputs here).
+__host__ __device__ __forceinline__ uint32_t qbf16_bits(float f) {
+#ifdef __CUDA_ARCH__
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+#else
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+#endif
+}
+// Two floats as bf16x2, the first in the low half (the MMA's lower k).
+__host__ __device__ __forceinline__ uint32_t qpack_bf16x2(float lo_k, float hi_k) {
+#ifdef __CUDA_ARCH__
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo_k, hi_k);
+    return *reinterpret_cast<const uint32_t*>(&v);
+#else
+    return qbf16_bits(lo_k) | (qbf16_bits(hi_k) << 16);
+#endif
+}
+// x0, x1 as bf16x2 hi and lo parts: hi = bf16(x), lo = bf16(x - hi).
+__host__ __device__ __forceinline__ void qsplit_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+    hi = qpack_bf16x2(x0, x1);
+    lo = qpack_bf16x2(x0 - f32_from_bits(hi << 16), x1 - f32_from_bits(hi & 0xffff0000u));
+}
+
+// k offset, inside a 128-k chunk, of the 8 nibbles in word w of lane t after the transpose that
+// exchanges the lane-index bits SWAP with the same word-index bits (lane t loaded block t,
+// k = 32 t + 8 w): nibble i is at k = qmma_word_k + i.
+template <int SWAP>
+__host__ __device__ constexpr int qmma_word_k(int t, int w) {
+    return 32 * ((t & ~SWAP) | (w & SWAP)) + 8 * ((w & ~SWAP) | (t & SWAP));
+}
+// One transpose stage on lane bit m (1 or 2), word pair (a, a | m), a with bit m clear: the lane
+// with bit m clear keeps word a and receives its partner's word a into word a | m; the other
+// keeps word a | m and receives its partner's word a | m into word a.
+__host__ __device__ __forceinline__ uint32_t qxpose_send(const uint32_t (&v)[4], int t, int m, int a) {
+    return (t & m) ? v[a] : v[a | m];
+}
+__host__ __device__ __forceinline__ void qxpose_recv(uint32_t (&v)[4], int t, int m, int a, uint32_t r) {
+    if (t & m) v[a] = r;
+    else v[a | m] = r;
+}
+__host__ __device__ constexpr int qxpose_word(int m, int i) { return m == 1 ? 2 * i : i; }  // i-th word with bit m clear
+
+template <int SWAP>
+__device__ __forceinline__ void qxpose(uint32_t (&v)[4], int t) {
+#pragma unroll
+    for (int m = 1; m <= 2; m *= 2) {
+        if (!(SWAP & m)) continue;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int a = qxpose_word(m, i);
+            const uint32_t r = __shfl_xor_sync(0xffffffffu, qxpose_send(v, t, m, a), m);
+            qxpose_recv(v, t, m, a, r);
+        }
+    }
+}
+
+// The 8 nibbles of a word as 4 bf16x2 registers: register p holds nibbles p (low half) and p + 4.
+__host__ __device__ __forceinline__ void qunpack_u4_bf16(uint32_t w, uint32_t (&a)[4]) {
+    for (int p = 0; p < 4; ++p) {  // unrolled by nvcc (constant trip count)
+        const uint32_t bits = ((w >> (4 * p)) & 0x000f000fu) | 0x43004300u;  // bf16 128 + q in each half
+#ifdef __CUDA_ARCH__
+        __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&bits);
+        v = __hsub2(v, __floats2bfloat162_rn(128.0f, 128.0f));  // exact
+        a[p] = *reinterpret_cast<const uint32_t*>(&v);
+#else
+        a[p] = qpack_bf16x2(f32_from_bits((bits & 0xffffu) << 16) - 128.0f, f32_from_bits(bits & 0xffff0000u) - 128.0f);
+#endif
+    }
+}
+// The 4 int8 values of a word as 2 bf16x2 registers: bytes (0, 1) and (2, 3), exact (|q| <= 128).
+__host__ __device__ __forceinline__ void qunpack_s8_bf16(uint32_t w, uint32_t (&a)[2]) {
+    float q[4];
+    unpack_s8x4(w, q);
+    a[0] = qpack_bf16x2(q[0], q[1]);
+    a[1] = qpack_bf16x2(q[2], q[3]);
+}
+
+// Blocks of 16 * MT weight rows and TN * 8 token rows; U chunks per load round, one round ahead of
+// the MMAs when kPipe (few token rows, registers to spare).
+template <class F, int TN>
+struct QMmaShape {
+    static constexpr int MT = 1;
+    static constexpr bool kPipe = TN == 1;
+    static constexpr int U = F::kAffine ? 2 : 4;
+};
+
+// Warps splitting K: as many as divide the row's chunks, up to 8 (depends on K only).
+inline int qmma_warps(int chunks) {
+    int w = kMmaMaxWarps;
+    while (w > 1 && chunks % w != 0) w /= 2;
+    return w;
+}
+
+// The group parameters (scales or biases) of one row's chunk: 128 / G bf16 values as raw bits.
+template <int GPC>
+__device__ __forceinline__ void qload_group_params(const void* p, uint32_t (&r)[2]) {
+    if constexpr (GPC == 4) {
+        const uint2 v = __ldg(static_cast<const uint2*>(p));
+        r[0] = v.x;
+        r[1] = v.y;
+    } else if constexpr (GPC == 2) {
+        r[0] = __ldg(static_cast<const unsigned int*>(p));
+        r[1] = 0;
+    } else {
+        r[0] = __ldg(static_cast<const unsigned short*>(p));
+        r[1] = 0;
+    }
+}
+template <typename ST>
+__device__ __forceinline__ float qgroup_param(const uint32_t (&r)[2], int j) {
+    ST v;
+    v.bits = uint16_t(j & 1 ? r[j >> 1] >> 16 : r[j >> 1]);
+    return to_f32(v);
+}
+
+template <class F, int TN>
+__global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const __grid_constant__ QuantLinearArgs p) {
+    using S = QMmaShape<F, TN>;
+    using ST = typename F::Scale;
+    constexpr int MT = S::MT, U = S::U;
+    constexpr int CK = F::kMmaChunk;
+    constexpr int kVals = MT * TN * 4;
+    __shared__ float red[kMmaMaxWarps / 2][kVals][kWarp];
+
+    const int nw = blockDim.x / kWarp;
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    const int g = lane / 4, t = lane % 4;
+    const int CH = p.k / CK / nw;  // chunks per warp
+    const int c_first = warp * CH;
+    const int row0 = blockIdx.y * (16 * MT);
+    const int tok0 = blockIdx.x * (TN * 8);
+    const size_t row_bytes = size_t(p.k) / CK * 64;
+
+    // Rows g and g + 8 of each tile (rows past N read row N - 1 and are never written).
+    const uint8_t* wrow[MT][2];
+    const ST* srow[MT][2];
+    const ST* brow[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int n = min(row0 + 16 * m + g + 8 * h, p.n - 1);
+            wrow[m][h] = static_cast<const uint8_t*>(p.q) + size_t(n) * row_bytes + size_t(c_first) * 64 + 16 * t;
+            if constexpr (F::kAffine) {
+                constexpr int GPC = CK / F::kGroup;
+                const size_t at = size_t(n) * (p.k / F::kGroup) + size_t(c_first) * GPC;
+                srow[m][h] = static_cast<const ST*>(p.scales) + at;
+                brow[m][h] = static_cast<const ST*>(p.biases) + at;
+            }
+        }
+
+    float acc[MT][TN][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int n = 0; n < TN; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.0f;
+
+    struct Round {
+        uint4 w[U][MT][2];
+        uint32_t s[F::kAffine ? U : 1][MT][2][2], b[F::kAffine ? U : 1][MT][2][2];
+    };
+    auto load_round = [&](Round& r, int c0) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (c0 + u >= CH) break;
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    r.w[u][m][h] = load_stream16(wrow[m][h] + size_t(c0 + u) * 64);
+                    if constexpr (F::kAffine) {
+                        constexpr int GPC = CK / F::kGroup;
+                        qload_group_params<GPC>(srow[m][h] + (c0 + u) * GPC, r.s[u][m][h]);
+                        qload_group_params<GPC>(brow[m][h] + (c0 + u) * GPC, r.b[u][m][h]);
+                    }
+                }
+        }
+    };
+    auto mma_round = [&](const Round& r, int c0) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (c0 + u >= CH) break;
+            const int kc = (c_first + c0 + u) * CK;  // first k of the chunk
+            if constexpr (F::kAffine) {
+                constexpr int WPG = F::kWordsPerGroup;
+                uint32_t wq[MT][2][4];
+#pragma unroll
+                for (int m = 0; m < MT; ++m)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        wq[m][h][0] = r.w[u][m][h].x;
+                        wq[m][h][1] = r.w[u][m][h].y;
+                        wq[m][h][2] = r.w[u][m][h].z;
+                        wq[m][h][3] = r.w[u][m][h].w;
+                        qxpose<F::kSwap>(wq[m][h], t);
+                    }
+                float cg[MT][TN][4], xs[TN];
+#pragma unroll
+                for (int wd = 0; wd < 4; ++wd) {
+                    if (wd % WPG == 0) {
+#pragma unroll
+                        for (int n = 0; n < TN; ++n) {
+                            xs[n] = 0.0f;
+#pragma unroll
+                            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                                for (int e = 0; e < 4; ++e) cg[m][n][e] = 0.0f;
+                        }
+                    }
+                    uint32_t a[MT][2][4];
+#pragma unroll
+                    for (int m = 0; m < MT; ++m)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) qunpack_u4_bf16(wq[m][h][wd], a[m][h]);
+                    const int k = kc + qmma_word_k<F::kSwap>(t, wd);
+#pragma unroll
+                    for (int n = 0; n < TN; ++n) {
+                        const int tok = tok0 + n * 8 + g;
+                        float xv[8];
+                        if (tok < p.rows) {
+                            const float4 x0 = __ldg(reinterpret_cast<const float4*>(p.x + size_t(tok) * p.k + k));
+                            const float4 x1 = __ldg(reinterpret_cast<const float4*>(p.x + size_t(tok) * p.k + k + 4));
+                            xv[0] = x0.x; xv[1] = x0.y; xv[2] = x0.z; xv[3] = x0.w;
+                            xv[4] = x1.x; xv[5] = x1.y; xv[6] = x1.z; xv[7] = x1.w;
+                        } else {
+#pragma unroll
+                            for (int i = 0; i < 8; ++i) xv[i] = 0.0f;
+                        }
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) xs[n] += xv[i];
+                        uint32_t bh[4], bl[4];
+#pragma unroll
+                        for (int q = 0; q < 4; ++q) qsplit_bf16x2(xv[q], xv[q + 4], bh[q], bl[q]);
+#pragma unroll
+                        for (int m = 0; m < MT; ++m) {
+                            const uint32_t(&a0)[4] = a[m][0];
+                            const uint32_t(&a8)[4] = a[m][1];
+                            qmma_bf16_16816(cg[m][n], a0[0], a8[0], a0[1], a8[1], bh[0], bh[1]);
+                            qmma_bf16_16816(cg[m][n], a0[2], a8[2], a0[3], a8[3], bh[2], bh[3]);
+                            qmma_bf16_16816(cg[m][n], a0[0], a8[0], a0[1], a8[1], bl[0], bl[1]);
+                            qmma_bf16_16816(cg[m][n], a0[2], a8[2], a0[3], a8[3], bl[2], bl[3]);
+                        }
+                    }
+                    if (wd % WPG == WPG - 1) {
+                        const int grp = wd / WPG;
+#pragma unroll
+                        for (int n = 0; n < TN; ++n) {
+                            // Token g's group sum over its 4 lanes, then to the lanes of columns 2t, 2t + 1.
+                            float xsum = xs[n];
+                            xsum += __shfl_xor_sync(0xffffffffu, xsum, 1);
+                            xsum += __shfl_xor_sync(0xffffffffu, xsum, 2);
+                            const float xc0 = __shfl_sync(0xffffffffu, xsum, 8 * t);
+                            const float xc1 = __shfl_sync(0xffffffffu, xsum, 8 * t + 4);
+#pragma unroll
+                            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                                for (int h = 0; h < 2; ++h) {
+                                    const float sc = qgroup_param<ST>(r.s[u][m][h], grp), bi = qgroup_param<ST>(r.b[u][m][h], grp);
+                                    float& v0 = acc[m][n][2 * h];
+                                    float& v1 = acc[m][n][2 * h + 1];
+                                    v0 = fmaf(bi, xc0, fmaf(sc, cg[m][n][2 * h], v0));
+                                    v1 = fmaf(bi, xc1, fmaf(sc, cg[m][n][2 * h + 1], v1));
+                                }
+                        }
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int wd = 0; wd < 4; ++wd) {
+                    uint32_t a[MT][2][2];
+#pragma unroll
+                    for (int m = 0; m < MT; ++m)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) qunpack_s8_bf16(word_of(r.w[u][m][h], wd), a[m][h]);
+                    const int k = kc + 16 * t + 4 * wd;
+#pragma unroll
+                    for (int n = 0; n < TN; ++n) {
+                        const int tok = tok0 + n * 8 + g;
+                        float4 xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                        if (tok < p.rows) xv = __ldg(reinterpret_cast<const float4*>(p.x + size_t(tok) * p.k + k));
+                        uint32_t bh[2], bl[2];
+                        qsplit_bf16x2(xv.x, xv.y, bh[0], bl[0]);
+                        qsplit_bf16x2(xv.z, xv.w, bh[1], bl[1]);
+#pragma unroll
+                        for (int m = 0; m < MT; ++m) {
+                            qmma_bf16_16816(acc[m][n], a[m][0][0], a[m][1][0], a[m][0][1], a[m][1][1], bh[0], bh[1]);
+                            qmma_bf16_16816(acc[m][n], a[m][0][0], a[m][1][0], a[m][0][1], a[m][1][1], bl[0], bl[1]);
+                        }
+                    }
+                }
+            }
+        }
+    };
+
+    if constexpr (S::kPipe) {
+        Round ra, rb;
+        load_round(ra, 0);
+        pdl_wait();  // weights never depend on an earlier kernel: the first loads fly before the wait
+#pragma unroll 1
+        for (int c0 = 0; c0 < CH; c0 += 2 * U) {
+            if (c0 + U < CH) load_round(rb, c0 + U);
+            mma_round(ra, c0);
+            if (c0 + U >= CH) break;
+            if (c0 + 2 * U < CH) load_round(ra, c0 + 2 * U);
+            mma_round(rb, c0 + U);
+        }
+    } else {
+        Round r;
+#pragma unroll 1
+        for (int c0 = 0; c0 < CH; c0 += U) {
+            load_round(r, c0);
+            if (c0 == 0) pdl_wait();
+            mma_round(r, c0);
+        }
+    }
+    pdl_trigger();
+
+    // Fixed tree over the warps: the upper half hands its partials to the lower half.
+    for (int half = nw / 2; half >= 1; half /= 2) {
+        if (warp >= half && warp < 2 * half) {
+            int v = 0;
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int n = 0; n < TN; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) red[warp - half][v++][lane] = acc[m][n][e];
+        }
+        __syncthreads();
+        if (warp < half) {
+            int v = 0;
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int n = 0; n < TN; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[m][n][e] += red[warp][v++][lane];
+        }
+        __syncthreads();
+    }
+    if (warp != 0) return;
+    // Lane (g, t) holds rows g and g + 8 of each tile for token columns 2t and 2t + 1.
+#pragma unroll
+    for (int n = 0; n < TN; ++n)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int tok = tok0 + n * 8 + 2 * t + j;
+            if (tok >= p.rows) continue;
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = row0 + 16 * m + g + 8 * h;
+                    if (row >= p.n) continue;
+                    float v = acc[m][n][2 * h + j];
+                    if constexpr (!F::kAffine) v *= to_f32(static_cast<const ST*>(p.scales)[row]);
+                    if (p.bias) v += p.bias[row];
+                    const size_t at = size_t(tok) * p.n + row;
+                    if (p.residual) v = p.residual[at] + v;
+                    p.y[at] = v;
+                }
+        }
+}
+
+template <class F, int TN>
+void launch_quant_mma(const Ctx& c, const QuantLinearArgs& a) {
+    const int nw = qmma_warps(a.k / F::kMmaChunk);
+    launch(c, quant_mma_kernel<F, TN>, dim3(ceil_div(a.rows, TN * 8), ceil_div(a.n, 16 * QMmaShape<F, TN>::MT)),
+           dim3(nw * kWarp), a);
+}
+
+// The tensor-core path takes K in whole chunks and the companion tensors aligned for vector loads
+// (the runtime aligns every tensor to 256 bytes); anything else runs the SIMT kernel.
+template <class F>
+bool quant_mma_fits(const QuantLinearArgs& a) {
+    const auto aligned = [](const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
+    if (a.k % F::kMmaChunk != 0 || !aligned(a.q, 16) || !aligned(a.x, 16)) return false;
+    if constexpr (F::kAffine) {
+        constexpr size_t bytes = sizeof(typename F::Scale) * (F::kMmaChunk / F::kGroup);
+        return sizeof(typename F::Scale) == 2 && aligned(a.scales, bytes) && aligned(a.biases, bytes);
+    }
+    return true;
+}
+
 }  // namespace qdetail
+
+// Which kernel quant_linear runs: the tensor-core one unless SCR_CUDA_QUANT_GEMV=simt (kept for A/B
+// runs); a shape or layout it does not take (K not a whole number of 128-k (int4) or 64-k (int8)
+// chunks, float32 scales, misaligned pointers) always runs the SIMT kernel. The choice never depends
+// on the number of rows, so results stay batch-invariant.
+enum class QuantGemvPath { automatic, simt, mma };
+
+inline bool quant_mma_default() {
+    static const bool on = [] {
+        const char* e = std::getenv("SCR_CUDA_QUANT_GEMV");
+        return !(e && std::strcmp(e, "simt") == 0);
+    }();
+    return on;
+}
 
 // y = x W^T (+ bias) (+ residual) for any number of rows (decode-sized batches are the fast case).
 // F: qdetail::MlxInt4<G, ST> or qdetail::Int8Channel<ST>.
 template <class F>
-void quant_linear(const Ctx& c, const QuantLinearArgs& a) {
+void quant_linear(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path = QuantGemvPath::automatic) {
     if (a.rows <= 0) return;
     const int align = F::kAffine ? F::kGroup : F::kElems;
     // std::invalid_argument, not scr::Error: fmt (error.hpp) does not compile in nvcc's C++20 host pass.
@@ -303,6 +745,14 @@ void quant_linear(const Ctx& c, const QuantLinearArgs& a) {
                     std::to_string(align) + " (N = " + std::to_string(a.n) + ")");
     if (!a.q || !a.scales || (F::kAffine && !a.biases) || !a.x || !a.y)
         throw std::invalid_argument("quant_linear: missing weight, scale, bias, input or output pointer");
+    const bool mma = path == QuantGemvPath::mma || (path == QuantGemvPath::automatic && quant_mma_default());
+    if (mma && qdetail::quant_mma_fits<F>(a)) {
+        if (a.rows <= 8) qdetail::launch_quant_mma<F, 1>(c, a);
+        else if (a.rows <= 16) qdetail::launch_quant_mma<F, 2>(c, a);
+        else if (a.rows <= 32) qdetail::launch_quant_mma<F, 4>(c, a);
+        else qdetail::launch_quant_mma<F, 8>(c, a);
+        return;
+    }
     if (a.rows <= 1) qdetail::launch_quant_gemv_split<F, 1>(c.stream, a);
     else if (a.rows <= 2) qdetail::launch_quant_gemv_split<F, 2>(c.stream, a);
     else if (a.rows <= 4) qdetail::launch_quant_gemv_split<F, 4>(c.stream, a);

@@ -2,10 +2,10 @@
 // qembed), over the checkpoints' own packed layouts, uploaded as they are (quant_linear.cuh has
 // the layouts and the GEMV).
 //
-// Every row count goes through quant_linear (rows <= 8 in one block per 4x8 output tile, more rows
-// as 8-row groups in adjacent blocks): decode is the fast case; prefill is correct but runs at GEMV
-// speed, re-reading each weight once per 8 rows (from L2). No tensor-core path for quantized
-// weights yet. A row's result never depends on the other rows, so decode steps stay batch-invariant.
+// Every row count goes through quant_linear (tensor cores: 16 weight rows x up to 64 token rows per
+// block, more rows in adjacent blocks whose weight reads hit L2): decode is the fast case; prefill is
+// correct, re-reading each weight once per 64 rows. A row's result never depends on the other rows,
+// so decode steps stay batch-invariant.
 #pragma once
 
 #include <algorithm>

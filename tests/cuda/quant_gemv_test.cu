@@ -1,12 +1,18 @@
-// scr_cuda_quant_gemv: the quantized decode GEMVs of kernels/cuda/quant_linear.cuh on the GPU.
+// scr_cuda_quant_gemv: the quantized decode GEMVs of kernels/cuda/quant_linear.cuh on the GPU, both
+// kernels: the tensor-core one ("mma", the default) and the SIMT one ("simt", SCR_CUDA_QUANT_GEMV=simt).
 //   * correctness: random non-zero packed weights, scales, biases and activations at Llama-3.2-1B /
 //     Llama-3.1-8B shapes, each output checked against a float64 host reference of the same
-//     dequantization (w = scale * q + bias; int8: w = scale * q), for 1, 3, 8 and 13 token rows and for 5
-//     rows with a bias and a residual;
-//     outputs are poisoned with NaN first, so an unwritten element fails;
+//     dequantization (w = scale * q + bias; int8: w = scale * q), for 1, 3, 8, 13 and 64 token rows
+//     (the reference covers token rows 0-12 and 63) and for 5 rows with a bias and a residual;
+//     outputs are poisoned with NaN first, so an unwritten element fails. Bounds per output, with
+//     B = sum_k |x_k| (|s q_k| + |b|): simt |err| <= 1e-5 B; mma |err| <= 2e-5 B + 1e-6 (x enters
+//     the tensor cores as bf16 hi + lo, ~2^-17 relative; float32 accumulation);
+//   * batch invariance: every row of a 64-row launch has exactly the bits of that row launched alone;
+//   * host self-test (also without a GPU): the unpacking bit tricks, and a warp of the tensor-core
+//     kernel emulated on the host from its own per-lane functions against the float64 reference;
 //   * timing (unless --no-bench): CUDA events around a captured graph of back-to-back launches that
 //     rotate over enough weight copies to miss L2; GB/s of the bytes the kernel must read (packed
-//     weights + scales + biases) beside the device copy bandwidth and the existing bf16 GEMV
+//     weights + scales + biases) beside the device copy bandwidth and the existing bf16 linear
 //     (linear.cuh) on the same shape, in the same process.
 // Exit: 0 all checks passed, 1 a check failed, 77 no GPU (ctest skips).
 //   scr_cuda_quant_gemv [--no-bench] [--shapes NxK,NxK,...] [--host-selftest]
@@ -16,6 +22,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -135,14 +142,25 @@ void free_weights(DevWeights& w) {
     w = {};
 }
 
-void launch(Fmt f, cudaStream_t st, const QuantLinearArgs& a) {
+constexpr QuantGemvPath kPaths[] = {QuantGemvPath::mma, QuantGemvPath::simt};
+const char* name_of(QuantGemvPath p) { return p == QuantGemvPath::mma ? "mma" : "simt"; }
+
+// The tensor-core path must really run when asked for (quant_linear would quietly take the SIMT one).
+template <class F>
+void launch_as(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path) {
+    if (path == QuantGemvPath::mma && !qdetail::quant_mma_fits<F>(a))
+        die(text("the tensor-core path does not take %dx%d (or the pointers' alignment)", a.n, a.k));
+    quant_linear<F>(c, a, path);
+}
+
+void launch(Fmt f, QuantGemvPath path, cudaStream_t st, const QuantLinearArgs& a) {
     Ctx c;
     c.stream = st;
     switch (f) {
-        case Fmt::int4_g32: quant_linear<qdetail::MlxInt4<32, bf16_t>>(c, a); break;
-        case Fmt::int4_g64: quant_linear<qdetail::MlxInt4<64, bf16_t>>(c, a); break;
-        case Fmt::int4_g128: quant_linear<qdetail::MlxInt4<128, bf16_t>>(c, a); break;
-        case Fmt::int8: quant_linear<qdetail::Int8Channel<bf16_t>>(c, a); break;
+        case Fmt::int4_g32: launch_as<qdetail::MlxInt4<32, bf16_t>>(c, a, path); break;
+        case Fmt::int4_g64: launch_as<qdetail::MlxInt4<64, bf16_t>>(c, a, path); break;
+        case Fmt::int4_g128: launch_as<qdetail::MlxInt4<128, bf16_t>>(c, a, path); break;
+        case Fmt::int8: launch_as<qdetail::Int8Channel<bf16_t>>(c, a, path); break;
         default: die(text("launch: %s is not a quantized format", name_of(f)));
     }
 }
@@ -209,7 +227,14 @@ void dequant_row(Fmt f, const HostWeights& h, int k, int n, std::vector<double>&
     }
 }
 
-constexpr int kRefRows = 13;  // token rows the reference covers (checks use 1, 3, 5, 8, 13)
+constexpr int kMaxRows = 64;  // token rows of the largest check
+constexpr int kRefRows = 14;  // token rows the reference covers: 0-12 (checks of 1, 3, 5, 8, 13 rows) and 63
+int ref_token(int slot) { return slot < 13 ? slot : kMaxRows - 1; }
+int ref_slot(int token) { return token < 13 ? token : token == kMaxRows - 1 ? 13 : -1; }
+
+// Tolerances (see the top): the SIMT kernel's, and the tensor-core kernel's.
+constexpr double kSimtTol = 1e-5;
+constexpr double kMmaTolRel = 2e-5, kMmaTolAbs = 1e-6;
 
 struct Reference {
     std::vector<int> rows_checked;    // output rows n with a reference
@@ -233,7 +258,7 @@ Reference reference(Fmt f, const HostWeights& h, int n, int k, const std::vector
                 dequant_row(f, h, k, r.rows_checked[j], w, bound);
                 for (int t = 0; t < kRefRows; ++t) {
                     double acc = 0.0, mag = 0.0;
-                    const float* xt = x.data() + size_t(t) * k;
+                    const float* xt = x.data() + size_t(ref_token(t)) * k;
                     for (int i = 0; i < k; ++i) {
                         acc += double(xt[i]) * w[i];
                         mag += std::fabs(double(xt[i])) * bound[i];
@@ -315,7 +340,205 @@ struct Shape {
     const char* what;
 };
 
-// Exactness of the bit tricks on the host (runs here, no GPU): every nibble and every int8 value.
+// ---- Host emulation of the tensor-core kernel's warp (quant_mma_kernel) ----
+// The per-lane pieces (load offsets, the lane transpose, unpacking, x hi/lo split, the k each word
+// stands for) are the kernel's own __host__ __device__ functions; the shuffles and mma.m16n8k16 are
+// emulated from their definitions (PTX ISA fragment layout of m16n8k16 .bf16: a0 = (row g, k 2t..2t+1),
+// a1 = (g + 8, 2t..), a2 = (g, 2t + 8..), a3 = (g + 8, 2t + 8..); b0 = (k 2t..2t+1, col g),
+// b1 = (2t + 8.., g); c0 = (g, 2t), c1 = (g, 2t + 1), c2 = (g + 8, 2t), c3 = (g + 8, 2t + 1)).
+double bf16_half(uint32_t reg, int half) { return bf16_to_double(uint16_t(half ? reg >> 16 : reg & 0xffffu)); }
+
+void mma_emulate(const uint32_t (&a)[32][4], const uint32_t (&b)[32][2], float (&c)[32][4]) {
+    double A[16][16], B[16][8];
+    for (int l = 0; l < 32; ++l) {
+        const int g = l / 4, t = l % 4;
+        for (int h = 0; h < 2; ++h) {
+            A[g][2 * t + h] = bf16_half(a[l][0], h);
+            A[g + 8][2 * t + h] = bf16_half(a[l][1], h);
+            A[g][2 * t + 8 + h] = bf16_half(a[l][2], h);
+            A[g + 8][2 * t + 8 + h] = bf16_half(a[l][3], h);
+            B[2 * t + h][g] = bf16_half(b[l][0], h);
+            B[2 * t + 8 + h][g] = bf16_half(b[l][1], h);
+        }
+    }
+    for (int l = 0; l < 32; ++l) {
+        const int g = l / 4, t = l % 4;
+        for (int e = 0; e < 4; ++e) {
+            const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
+            double d = c[l][e];
+            for (int k = 0; k < 16; ++k) d += A[row][k] * B[k][col];
+            c[l][e] = float(d);
+        }
+    }
+}
+
+// One warp over all of K for 16 weight rows and 8 token rows, as quant_mma_kernel's warp 0 with
+// nw = 1 computes it. q: the row-major packed bytes; scales/biases: bf16 bits. Returns y[8][16].
+template <class F>
+std::vector<double> emulate_warp(int k, const std::vector<uint8_t>& q, const std::vector<uint16_t>& scales,
+                                 const std::vector<uint16_t>& biases, const std::vector<float>& x) {
+    constexpr int CK = F::kMmaChunk;
+    const size_t row_bytes = size_t(k) / CK * 64;
+    float acc[32][4] = {};
+    for (int c = 0; c < k / CK; ++c) {
+        uint32_t v[32][2][4];  // lane, row g / g + 8, word
+        for (int l = 0; l < 32; ++l)
+            for (int h = 0; h < 2; ++h)
+                std::memcpy(v[l][h], &q[size_t(l / 4 + 8 * h) * row_bytes + size_t(c) * 64 + 16 * (l % 4)], 16);
+        if constexpr (F::kAffine) {
+            constexpr int G = F::kGroup, WPG = F::kWordsPerGroup, GPC = CK / G;
+            for (int m = 1; m <= 2; m *= 2) {  // qxpose, with __shfl_xor_sync emulated
+                if (!(F::kSwap & m)) continue;
+                for (int i = 0; i < 2; ++i) {
+                    const int a = qdetail::qxpose_word(m, i);
+                    uint32_t sent[32][2];
+                    for (int l = 0; l < 32; ++l)
+                        for (int h = 0; h < 2; ++h) sent[l][h] = qdetail::qxpose_send(v[l][h], l % 4, m, a);
+                    for (int l = 0; l < 32; ++l)
+                        for (int h = 0; h < 2; ++h) qdetail::qxpose_recv(v[l][h], l % 4, m, a, sent[l ^ m][h]);
+                }
+            }
+            float cg[32][4] = {}, xs[32] = {};
+            for (int wd = 0; wd < 4; ++wd) {
+                if (wd % WPG == 0)
+                    for (int l = 0; l < 32; ++l) {
+                        xs[l] = 0.0f;
+                        for (float& e : cg[l]) e = 0.0f;
+                    }
+                uint32_t a01[32][4], a23[32][4], bh[32][2], bl[32][2], bh2[32][2], bl2[32][2];
+                for (int l = 0; l < 32; ++l) {
+                    const int g = l / 4, t = l % 4;
+                    uint32_t a0[4], a8[4];
+                    qdetail::qunpack_u4_bf16(v[l][0][wd], a0);
+                    qdetail::qunpack_u4_bf16(v[l][1][wd], a8);
+                    a01[l][0] = a0[0], a01[l][1] = a8[0], a01[l][2] = a0[1], a01[l][3] = a8[1];
+                    a23[l][0] = a0[2], a23[l][1] = a8[2], a23[l][2] = a0[3], a23[l][3] = a8[3];
+                    const int kk = c * CK + qdetail::qmma_word_k<F::kSwap>(t, wd);
+                    const float* xv = &x[size_t(g) * k + kk];
+                    for (int i = 0; i < 8; ++i) xs[l] += xv[i];
+                    uint32_t h4[4], l4[4];
+                    for (int p = 0; p < 4; ++p) qdetail::qsplit_bf16x2(xv[p], xv[p + 4], h4[p], l4[p]);
+                    bh[l][0] = h4[0], bh[l][1] = h4[1], bh2[l][0] = h4[2], bh2[l][1] = h4[3];
+                    bl[l][0] = l4[0], bl[l][1] = l4[1], bl2[l][0] = l4[2], bl2[l][1] = l4[3];
+                }
+                mma_emulate(a01, bh, cg);
+                mma_emulate(a23, bh2, cg);
+                mma_emulate(a01, bl, cg);
+                mma_emulate(a23, bl2, cg);
+                if (wd % WPG != WPG - 1) continue;
+                const int grp = wd / WPG;
+                float xr[32], xq[32];  // the two xor-shuffle rounds
+                for (int l = 0; l < 32; ++l) xr[l] = xs[l] + xs[l ^ 1];
+                for (int l = 0; l < 32; ++l) xq[l] = xr[l] + xr[l ^ 2];
+                for (int l = 0; l < 32; ++l) {
+                    const int g = l / 4, t = l % 4;
+                    for (int e = 0; e < 4; ++e) {
+                        const int row = g + 8 * (e / 2);
+                        const size_t at = size_t(row) * (k / G) + size_t(c) * GPC + grp;
+                        const float sc = float(bf16_to_double(scales[at])), bi = float(bf16_to_double(biases[at]));
+                        const float xc = xq[8 * t + 4 * (e % 2)];
+                        acc[l][e] = std::fma(bi, xc, std::fma(sc, cg[l][e], acc[l][e]));
+                    }
+                }
+            }
+        } else {
+            for (int wd = 0; wd < 4; ++wd) {
+                uint32_t a[32][4], bh[32][2], bl[32][2];
+                for (int l = 0; l < 32; ++l) {
+                    const int g = l / 4, t = l % 4;
+                    uint32_t a0[2], a8[2];
+                    qdetail::qunpack_s8_bf16(v[l][0][wd], a0);
+                    qdetail::qunpack_s8_bf16(v[l][1][wd], a8);
+                    a[l][0] = a0[0], a[l][1] = a8[0], a[l][2] = a0[1], a[l][3] = a8[1];
+                    const float* xv = &x[size_t(g) * k + c * CK + 16 * t + 4 * wd];
+                    qdetail::qsplit_bf16x2(xv[0], xv[1], bh[l][0], bl[l][0]);
+                    qdetail::qsplit_bf16x2(xv[2], xv[3], bh[l][1], bl[l][1]);
+                }
+                mma_emulate(a, bh, acc);
+                mma_emulate(a, bl, acc);
+            }
+        }
+    }
+    std::vector<double> y(8 * 16);
+    for (int l = 0; l < 32; ++l) {
+        const int g = l / 4, t = l % 4;
+        for (int e = 0; e < 4; ++e) {
+            const int row = g + 8 * (e / 2), tok = 2 * t + e % 2;
+            double v = acc[l][e];
+            if constexpr (!F::kAffine) v = float(v) * float(bf16_to_double(scales[row]));
+            y[tok * 16 + row] = v;
+        }
+    }
+    return y;
+}
+
+// The transpose leaves word w of lane t holding k = qmma_word_k(t, w), inside group w / (G / 32).
+template <int G>
+int check_transpose_map() {
+    using F = qdetail::MlxInt4<G, bf16_t>;
+    uint32_t v[4][4];
+    for (int t = 0; t < 4; ++t)
+        for (int w = 0; w < 4; ++w) v[t][w] = 32 * t + 8 * w;  // as loaded: lane t holds block t
+    for (int m = 1; m <= 2; m *= 2) {
+        if (!(F::kSwap & m)) continue;
+        for (int i = 0; i < 2; ++i) {
+            const int a = qdetail::qxpose_word(m, i);
+            uint32_t sent[4];
+            for (int t = 0; t < 4; ++t) sent[t] = qdetail::qxpose_send(v[t], t, m, a);
+            for (int t = 0; t < 4; ++t) qdetail::qxpose_recv(v[t], t, m, a, sent[t ^ m]);
+        }
+    }
+    int bad = 0;
+    bool seen[16] = {};
+    for (int t = 0; t < 4; ++t)
+        for (int w = 0; w < 4; ++w) {
+            const int k = int(v[t][w]);
+            if (k != qdetail::qmma_word_k<F::kSwap>(t, w) || k / G != w / F::kWordsPerGroup || seen[k / 8]) ++bad;
+            seen[k / 8] = true;
+        }
+    return bad;
+}
+
+// One format through emulate_warp against the float64 reference, with the GPU test's bound.
+template <class F>
+int check_emulation(Fmt f, int k, uint32_t seed, double& worst, bool perturb = false) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> ux(-1.0f, 1.0f), us(0.004f, 0.012f), ub(-0.1f, -0.03f);
+    HostWeights h;
+    h.q.resize(is_int4(f) ? size_t(16) * k / 2 : size_t(16) * k);
+    for (auto& b : h.q) b = uint8_t(rng());
+    const int ngroups = is_int4(f) ? k / group_of(f) : 1;
+    for (int i = 0; i < 16 * ngroups; ++i) {
+        h.scales.push_back(uint16_t(qdetail::qbf16_bits(is_int4(f) ? us(rng) : us(rng) / 8)));
+        if (is_int4(f)) h.biases.push_back(uint16_t(qdetail::qbf16_bits(ub(rng))));
+    }
+    std::vector<float> x(size_t(8) * k);
+    for (auto& v : x) v = ux(rng);
+    x[5] = 1e-30f;  // tiny and huge activations: the hi/lo split must keep them
+    x[k + 7] = 3000.0f;
+    std::vector<float> xe = x;
+    if (perturb) std::swap(xe[0], xe[9]);  // negative control: a k permutation B does not share with A
+    const std::vector<double> y = emulate_warp<F>(k, h.q, h.scales, h.biases, xe);
+    std::vector<double> w(k), bound(k);
+    int bad = 0;
+    for (int n = 0; n < 16; ++n) {
+        dequant_row(f, h, k, n, w, bound);
+        for (int t = 0; t < 8; ++t) {
+            double ref = 0.0, mag = 0.0;
+            for (int i = 0; i < k; ++i) {
+                ref += double(x[size_t(t) * k + i]) * w[i];
+                mag += std::fabs(double(x[size_t(t) * k + i])) * bound[i];
+            }
+            const double e = std::fabs(y[t * 16 + n] - ref), tol = kMmaTolRel * mag + kMmaTolAbs;
+            if (!(e <= tol)) ++bad;
+            if (!perturb) worst = std::max(worst, e / tol);
+        }
+    }
+    return bad;
+}
+
+// Exactness of the bit tricks on the host (runs here, no GPU): every nibble and every int8 value;
+// then the tensor-core kernel's mapping, emulated.
 int host_selftest() {
     int bad = 0;
     const uint32_t pattern = 0xa5c3e1f7u;  // the other elements of the word: every nibble different
@@ -335,8 +558,54 @@ int host_selftest() {
             for (int i = 0; i < 4; ++i)
                 if (q[i] != float(int8_t(uint8_t(w >> (8 * i))))) ++bad;
         }
-    std::printf("host selftest (int4 / int8 unpacking, every value at every position): %s\n", bad ? "FAILED" : "ok");
-    return bad ? 1 : 0;
+    // The MMA operands: nibble pairs (p, p + 4) and int8 byte pairs as exact bf16x2.
+    for (int pos = 0; pos < 8; ++pos)
+        for (uint32_t v = 0; v < 16; ++v) {
+            const uint32_t w = (pattern & ~(0xfu << (4 * pos))) | (v << (4 * pos));
+            uint32_t a[4];
+            qdetail::qunpack_u4_bf16(w, a);
+            for (int i = 0; i < 8; ++i)
+                if (bf16_half(a[i % 4], i / 4) != double((w >> (4 * i)) & 15u)) ++bad;
+        }
+    for (int pos = 0; pos < 4; ++pos)
+        for (int v = -128; v < 128; ++v) {
+            const uint32_t w = (pattern & ~(0xffu << (8 * pos))) | (uint32_t(uint8_t(int8_t(v))) << (8 * pos));
+            uint32_t a[2];
+            qdetail::qunpack_s8_bf16(w, a);
+            for (int i = 0; i < 4; ++i)
+                if (bf16_half(a[i / 2], i % 2) != double(int8_t(uint8_t(w >> (8 * i))))) ++bad;
+        }
+    // x = hi + lo to ~2^-16 relative (bf16 rounding of lo), over magnitudes from 1e-30 to 1e30.
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> um(-1.0f, 1.0f), ue(-69.0f, 69.0f);
+    for (int i = 0; i < 100000; ++i) {
+        const float x0 = um(rng) * std::exp(ue(rng)), x1 = um(rng);
+        uint32_t hi, lo;
+        qdetail::qsplit_bf16x2(x0, x1, hi, lo);
+        if (std::fabs(bf16_half(hi, 0) + bf16_half(lo, 0) - x0) > 0x1p-16 * std::fabs(x0)) ++bad;
+        if (std::fabs(bf16_half(hi, 1) + bf16_half(lo, 1) - x1) > 0x1p-16 * std::fabs(x1)) ++bad;
+    }
+    std::printf("host selftest (int4 / int8 unpacking to float and to bf16x2, every value at every position; x hi/lo split): %s\n",
+                bad ? "FAILED" : "ok");
+    const int xbad = check_transpose_map<32>() + check_transpose_map<64>() + check_transpose_map<128>();
+    std::printf("host selftest (lane transpose: word w of lane t holds k = qmma_word_k(t, w), in group w / (G / 32)): %s\n",
+                xbad ? "FAILED" : "ok");
+    double worst = 0.0;
+    int ebad = 0, control = 0;
+    ebad += check_emulation<qdetail::MlxInt4<32, bf16_t>>(Fmt::int4_g32, 512, 1, worst);
+    ebad += check_emulation<qdetail::MlxInt4<64, bf16_t>>(Fmt::int4_g64, 512, 2, worst);
+    ebad += check_emulation<qdetail::MlxInt4<128, bf16_t>>(Fmt::int4_g128, 384, 3, worst);
+    ebad += check_emulation<qdetail::Int8Channel<bf16_t>>(Fmt::int8, 320, 4, worst);
+    // The negative control must fail for every format (the check sees a k permutation error).
+    double unused = 0.0;
+    control += check_emulation<qdetail::MlxInt4<32, bf16_t>>(Fmt::int4_g32, 512, 1, unused, true) > 0;
+    control += check_emulation<qdetail::MlxInt4<64, bf16_t>>(Fmt::int4_g64, 512, 2, unused, true) > 0;
+    control += check_emulation<qdetail::MlxInt4<128, bf16_t>>(Fmt::int4_g128, 384, 3, unused, true) > 0;
+    control += check_emulation<qdetail::Int8Channel<bf16_t>>(Fmt::int8, 320, 4, unused, true) > 0;
+    std::printf("host selftest (tensor-core warp emulated, int4 g32/g64/g128 + int8, 16 rows x 8 tokens, against float64, "
+                "bound 2e-5 B + 1e-6): worst err/bound %.3g, %d wrong; negative control caught %d/4: %s\n",
+                worst, ebad, control, ebad == 0 && control == 4 ? "ok" : "FAILED");
+    return bad || xbad || ebad || control != 4 ? 1 : 0;
 }
 
 }  // namespace
@@ -383,35 +652,35 @@ int main(int argc, char** argv) try {
     const double copy = bench ? copy_gbs() : 0.0;
     if (bench) std::printf("device copy bandwidth (read + write): %.0f GB/s\n", copy);
 
-    constexpr double kTol = 1e-5;  // |y - ref| <= kTol * sum_k |x_k| (|s q_k| + |b|): ~170 f32 ulps of the terms
     int failures = 0;
     std::vector<std::string> table;
     struct Check {
         int rows;
         bool epilogue;  // with a linear bias and a residual added
     };
-    const Check checks[] = {{1, false}, {3, false}, {8, false}, {kRefRows, false}, {5, true}};
-    const int bench_rows[] = {1, 2, 4, 8};
+    const Check checks[] = {{1, false}, {3, false}, {8, false}, {13, false}, {kMaxRows, false}, {5, true}};
+    const int bench_rows[] = {1, 2, 4, 8, 16, 64};
     for (const Shape& sh : shapes) {
         const int n = sh.n, k = sh.k;
-        float *x = nullptr, *y = nullptr;
-        CK(cudaMalloc(&x, sizeof(float) * kRefRows * k));
-        CK(cudaMalloc(&y, sizeof(float) * kRefRows * n));
-        fill_values(x, false, size_t(kRefRows) * k, 1000 + n + k, -1.0f, 1.0f);
+        float *x = nullptr, *y = nullptr, *y_alone = nullptr;
+        CK(cudaMalloc(&x, sizeof(float) * kMaxRows * k));
+        CK(cudaMalloc(&y, sizeof(float) * kMaxRows * n));
+        CK(cudaMalloc(&y_alone, sizeof(float) * kMaxRows * n));
+        fill_values(x, false, size_t(kMaxRows) * k, 1000 + n + k, -1.0f, 1.0f);
         float *bias = nullptr, *residual = nullptr;
         CK(cudaMalloc(&bias, sizeof(float) * n));
-        CK(cudaMalloc(&residual, sizeof(float) * kRefRows * n));
+        CK(cudaMalloc(&residual, sizeof(float) * kMaxRows * n));
         fill_values(bias, false, n, 2000 + n, -0.5f, 0.5f);
-        fill_values(residual, false, size_t(kRefRows) * n, 3000 + n, -2.0f, 2.0f);
-        std::vector<float> hbias(n), hres(size_t(kRefRows) * n);
+        fill_values(residual, false, size_t(kMaxRows) * n, 3000 + n, -2.0f, 2.0f);
+        std::vector<float> hbias(n), hres(size_t(kMaxRows) * n);
         CK(cudaMemcpy(hbias.data(), bias, sizeof(float) * n, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(hres.data(), residual, sizeof(float) * hres.size(), cudaMemcpyDeviceToHost));
-        std::vector<float> hx(size_t(kRefRows) * k);
+        std::vector<float> hx(size_t(kMaxRows) * k);
         CK(cudaMemcpy(hx.data(), x, sizeof(float) * hx.size(), cudaMemcpyDeviceToHost));
-        std::vector<float> hy(size_t(kRefRows) * n);
-        std::vector<double> bf16_us(9, std::nan(""));
+        std::vector<float> hy(size_t(kMaxRows) * n), hy_alone(size_t(kMaxRows) * n);
+        std::vector<double> bf16_us(kMaxRows + 1, std::nan(""));
 
-        // Baseline first: the existing bf16 GEMV on this shape.
+        // Baseline first: the existing bf16 linear on this shape.
         if (bench && launch_bf16(st, n, k, 1, x, nullptr, y)) {
             const Sizes s = sizes_of(Fmt::bf16, n, k);
             const int copies = int(std::clamp<size_t>((size_t(4) * prop.l2CacheSize + s.total() - 1) / s.total(), 1, 64));
@@ -427,7 +696,7 @@ int main(int argc, char** argv) try {
                 if (!written) ++failures;
                 bf16_us[rows] = us;
                 const double gbs = double(s.total()) / (us * 1e-6) / 1e9;
-                table.push_back(text("%6dx%-5d %-11s %-14s %4d %9.2f %7.0f %5.1f%% %6s%s", n, k, sh.what, "bf16 (dense)", rows, us,
+                table.push_back(text("%6dx%-5d %-11s %-19s %4d %9.2f %7.0f %5.1f%% %6s%s", n, k, sh.what, "bf16 (dense)", rows, us,
                                      gbs, 100.0 * gbs / copy, "1.00x", written ? "" : "  UNWRITTEN OUTPUT"));
             }
             for (auto& w : ws) free_weights(w);
@@ -440,77 +709,106 @@ int main(int argc, char** argv) try {
             const HostWeights hw = download(f, n, k, w0);
             const Reference ref = reference(f, hw, n, k, hx);
             const size_t m = ref.rows_checked.size();
-            for (const Check& ck : checks) {
-                const int rows = ck.rows;
-                CK(cudaMemset(y, 0xff, sizeof(float) * rows * n));  // NaN: unwritten outputs fail
-                QuantLinearArgs a;
-                a.q = w0.q;
-                a.scales = w0.scales;
-                a.biases = w0.biases;
-                a.x = x;
-                a.y = y;
-                a.n = n;
-                a.k = k;
-                a.rows = rows;
-                if (ck.epilogue) {
-                    a.bias = bias;
-                    a.residual = residual;
+            for (QuantGemvPath path : kPaths) {
+                auto args = [&](int rows, const float* xs, float* ys, bool epilogue, const float* res) {
+                    QuantLinearArgs a;
+                    a.q = w0.q;
+                    a.scales = w0.scales;
+                    a.biases = w0.biases;
+                    a.x = xs;
+                    a.y = ys;
+                    a.n = n;
+                    a.k = k;
+                    a.rows = rows;
+                    if (epilogue) {
+                        a.bias = bias;
+                        a.residual = res;
+                    }
+                    return a;
+                };
+                for (const Check& ck : checks) {
+                    const int rows = ck.rows;
+                    CK(cudaMemset(y, 0xff, sizeof(float) * rows * n));  // NaN: unwritten outputs fail
+                    launch(f, path, st, args(rows, x, y, ck.epilogue, residual));
+                    CK(cudaGetLastError());
+                    CK(cudaStreamSynchronize(st));
+                    CK(cudaMemcpy(hy.data(), y, sizeof(float) * rows * n, cudaMemcpyDeviceToHost));
+                    size_t unwritten = 0, wrong = 0, checked = 0;
+                    double worst = 0.0, err2 = 0.0, ref2 = 0.0;
+                    for (size_t i = 0; i < size_t(rows) * n; ++i) unwritten += std::isnan(hy[i]) ? 1 : 0;
+                    for (int t = 0; t < rows; ++t) {
+                        const int slot = ref_slot(t);
+                        if (slot < 0) continue;
+                        for (size_t j = 0; j < m; ++j) {
+                            const int nn = ref.rows_checked[j];
+                            const double out = hy[size_t(t) * n + nn];
+                            double r = ref.y[slot * m + j], b = ref.bound[slot * m + j];
+                            if (ck.epilogue) {
+                                r += double(hbias[nn]) + double(hres[size_t(t) * n + nn]);
+                                b += std::fabs(double(hbias[nn])) + std::fabs(double(hres[size_t(t) * n + nn]));
+                            }
+                            const double tol = path == QuantGemvPath::mma ? kMmaTolRel * b + kMmaTolAbs : kSimtTol * b;
+                            const double e = std::fabs(out - r);
+                            if (!(e <= tol)) ++wrong;
+                            worst = std::max(worst, e / tol);
+                            err2 += e * e;
+                            ref2 += r * r;
+                            ++checked;
+                        }
+                    }
+                    const bool ok = unwritten == 0 && wrong == 0;
+                    failures += ok ? 0 : 1;
+                    std::printf("check %6dx%-5d %-13s %-4s rows %2d%s: %zu outputs checked, err/tol max %.2e, "
+                                "||err||/||ref|| %.2e, wrong %zu, unwritten %zu -> %s\n",
+                                n, k, name_of(f), name_of(path), rows, ck.epilogue ? " +bias+residual" : "", checked, worst,
+                                std::sqrt(err2 / ref2), wrong, unwritten, ok ? "ok" : "FAILED");
                 }
-                launch(f, st, a);
+                // Batch invariance: each row alone (bias + residual too) against the same row in a batch of 64.
+                CK(cudaMemset(y, 0xff, sizeof(float) * kMaxRows * n));
+                CK(cudaMemset(y_alone, 0xff, sizeof(float) * kMaxRows * n));
+                launch(f, path, st, args(kMaxRows, x, y, true, residual));
+                for (int r = 0; r < kMaxRows; ++r)
+                    launch(f, path, st, args(1, x + size_t(r) * k, y_alone + size_t(r) * n, true, residual + size_t(r) * n));
                 CK(cudaGetLastError());
                 CK(cudaStreamSynchronize(st));
-                CK(cudaMemcpy(hy.data(), y, sizeof(float) * rows * n, cudaMemcpyDeviceToHost));
-                size_t unwritten = 0, wrong = 0;
-                double worst = 0.0, err2 = 0.0, ref2 = 0.0;
-                for (size_t i = 0; i < size_t(rows) * n; ++i) unwritten += std::isnan(hy[i]) ? 1 : 0;
-                for (int t = 0; t < rows; ++t)
-                    for (size_t j = 0; j < m; ++j) {
-                        const int nn = ref.rows_checked[j];
-                        const double out = hy[size_t(t) * n + nn];
-                        double r = ref.y[t * m + j], b = ref.bound[t * m + j];
-                        if (ck.epilogue) {
-                            r += double(hbias[nn]) + double(hres[size_t(t) * n + nn]);
-                            b += std::fabs(double(hbias[nn])) + std::fabs(double(hres[size_t(t) * n + nn]));
-                        }
-                        const double e = std::fabs(out - r);
-                        if (!(e <= kTol * b)) ++wrong;
-                        worst = std::max(worst, e / b);
-                        err2 += e * e;
-                        ref2 += r * r;
-                    }
-                const bool ok = unwritten == 0 && wrong == 0;
-                failures += ok ? 0 : 1;
-                std::printf("check %6dx%-5d %-13s rows %2d%s: %zu outputs (%d rows x %zu checked), err/bound max %.2e, "
-                            "||err||/||ref|| %.2e, wrong %zu, unwritten %zu -> %s\n",
-                            n, k, name_of(f), rows, ck.epilogue ? " +bias+residual" : "", size_t(rows) * m, rows, m, worst, std::sqrt(err2 / ref2), wrong,
-                            unwritten, ok ? "ok" : "FAILED");
+                CK(cudaMemcpy(hy.data(), y, sizeof(float) * kMaxRows * n, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(hy_alone.data(), y_alone, sizeof(float) * kMaxRows * n, cudaMemcpyDeviceToHost));
+                size_t differ = 0;
+                for (size_t i = 0; i < hy.size(); ++i) differ += std::memcmp(&hy[i], &hy_alone[i], 4) != 0 ? 1 : 0;
+                failures += differ ? 1 : 0;
+                std::printf("check %6dx%-5d %-13s %-4s batch invariance (64 rows vs each alone, +bias+residual): %zu of %zu "
+                            "outputs differ -> %s\n",
+                            n, k, name_of(f), name_of(path), differ, hy.size(), differ ? "FAILED" : "ok");
             }
             free_weights(w0);
             if (!bench) continue;
             const int copies = int(std::clamp<size_t>((size_t(4) * prop.l2CacheSize + s.total() - 1) / s.total(), 1, 64));
             std::vector<DevWeights> ws;
             for (int c = 0; c < copies; ++c) ws.push_back(make_weights(f, n, k, 500 + c));
-            for (int rows : bench_rows) {
-                const double us = time_us(st, std::max(2 * copies, 24), [&](int i) {
-                    QuantLinearArgs a;
-                    a.q = ws[i % copies].q;
-                    a.scales = ws[i % copies].scales;
-                    a.biases = ws[i % copies].biases;
-                    a.x = x;
-                    a.y = y;
-                    a.n = n;
-                    a.k = k;
-                    a.rows = rows;
-                    launch(f, st, a);
-                });
-                const double gbs = double(s.total()) / (us * 1e-6) / 1e9;
-                table.push_back(text("%6dx%-5d %-11s %-14s %4d %9.2f %7.0f %5.1f%% %5.2fx", n, k, sh.what, name_of(f), rows, us, gbs,
-                                     100.0 * gbs / copy, bf16_us[rows] / us));
-            }
+            for (QuantGemvPath path : kPaths)
+                for (int rows : bench_rows) {
+                    const double us = time_us(st, std::max(2 * copies, 24), [&](int i) {
+                        QuantLinearArgs a;
+                        a.q = ws[i % copies].q;
+                        a.scales = ws[i % copies].scales;
+                        a.biases = ws[i % copies].biases;
+                        a.x = x;
+                        a.y = y;
+                        a.n = n;
+                        a.k = k;
+                        a.rows = rows;
+                        launch(f, path, st, a);
+                    });
+                    const double gbs = double(s.total()) / (us * 1e-6) / 1e9;
+                    const std::string label = std::string(name_of(f)) + " " + name_of(path);
+                    table.push_back(text("%6dx%-5d %-11s %-19s %4d %9.2f %7.0f %5.1f%% %5.2fx", n, k, sh.what, label.c_str(), rows, us,
+                                         gbs, 100.0 * gbs / copy, bf16_us[rows] / us));
+                }
             for (auto& w : ws) free_weights(w);
         }
         cudaFree(x);
         cudaFree(y);
+        cudaFree(y_alone);
         cudaFree(bias);
         cudaFree(residual);
     }
@@ -519,7 +817,7 @@ int main(int argc, char** argv) try {
         std::printf("\nGB/s: bytes the kernel must read (packed weights + scales + biases; x and y not counted) per "
                     "launch time; %% of the device copy bandwidth %.0f GB/s; speed-up over the bf16 GEMV, same rows\n",
                     copy);
-        std::printf("%12s %-11s %-14s %4s %9s %7s %6s %6s\n", "N x K", "layer", "format", "rows", "us", "GB/s", "%copy",
+        std::printf("%12s %-11s %-19s %4s %9s %7s %6s %6s\n", "N x K", "layer", "format kernel", "rows", "us", "GB/s", "%copy",
                     "vs bf16");
         for (auto& line : table) std::printf("%s\n", line.c_str());
     }
