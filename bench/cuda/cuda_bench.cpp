@@ -135,8 +135,9 @@ struct BatchRun {
         model.forward(b, pool, nullptr);
         lens[s] = len;
     }
-    // One decode step: every sequence feeds one token and gets its logits.
-    void decode(const std::vector<int32_t>& ids) {
+    // One decode step: every sequence feeds one token and gets its logits (or, with `sampled`, its
+    // next token drawn greedily on the GPU, as the engine does when every request allows it).
+    void decode(const std::vector<int32_t>& ids, int32_t* sampled = nullptr) {
         std::vector<int32_t> pos(B), qs(B + 1), rows(B), seq_lens(B);
         std::vector<int64_t> slots(B);
         for (int s = 0; s < B; ++s) {
@@ -159,7 +160,12 @@ struct BatchRun {
         b.block_table_stride = per();
         b.num_logits = B;
         b.logit_rows = rows.data();
-        model.forward(b, pool, logits.data());
+        if (sampled) {
+            const std::vector<DeviceSamplingRow> greedy(static_cast<size_t>(B));
+            model.forward_sample(b, pool, greedy, sampled);
+        } else {
+            model.forward(b, pool, logits.data());
+        }
         for (int s = 0; s < B; ++s) ++lens[s];
     }
 };
@@ -180,6 +186,11 @@ int main(int argc, char** argv) {
     CLI11_PARSE(app, argc, argv);
     try {
         // ---- Start-up: process start -> weights on the GPU -> first token.
+        // CUDA's context is created first, on its own, so start-up can be split into its parts.
+        const double main_ms = ms_since(kProcessStart);
+        const auto t_init = Clock::now();
+        cuda_ok(cudaFree(nullptr), "context init");
+        const double init_ms = ms_since(t_init);
         auto lm = load_model(model_dir);
         const double load_ms = ms_since(kProcessStart);
         auto* cm = dynamic_cast<CudaGeneratedModel*>(lm.model.get());
@@ -224,17 +235,34 @@ int main(int argc, char** argv) {
 
         // ---- Batched decode throughput.
         std::vector<std::pair<int, double>> batch_tps;
+        std::vector<double> batch_gpu_tps;  // the same steps counting only the GPU's time (no logits to the host)
+        std::vector<double> batch_sampled_tps;  // the same steps sampling greedily on the GPU (0: not supported)
         for (int B : batches) {
             if (B > info.max_logit_rows || B > info.max_batch_tokens) continue;
-            BatchRun br(*lm.model, B, prompt + batch_steps + 8);
+            BatchRun br(*lm.model, B, prompt + 2 * batch_steps + 8);  // two timed runs of batch_steps + warm-ups
             std::vector<int32_t> p(ids.begin(), ids.begin() + std::min<int>(prompt, info.max_batch_tokens));
             for (int s = 0; s < B; ++s) br.prefill(s, p);
             std::vector<int32_t> next(static_cast<size_t>(B));
             for (auto& t : next) t = tok(rng);
             br.decode(next);  // graph capture for this bucket happens here
+            cm->set_timing(true);
+            const auto before = cm->stats();
             auto t0 = Clock::now();
             for (int i = 0; i < batch_steps; ++i) br.decode(next);
             batch_tps.push_back({B, double(B) * batch_steps / (ms_since(t0) * 1e-3)});
+            const double gpu_ms = (cm->stats().device_seconds - before.device_seconds) * 1e3 / batch_steps;
+            batch_gpu_tps.push_back(double(B) / (gpu_ms * 1e-3));
+            cm->set_timing(false);
+            // The same steps with the next tokens sampled on the GPU (what the engine runs).
+            double sampled_tps = 0;
+            if (lm.model->can_sample_on_device()) {
+                std::vector<int32_t> out(static_cast<size_t>(B));
+                br.decode(next, out.data());
+                auto t1 = Clock::now();
+                for (int i = 0; i < batch_steps; ++i) br.decode(next, out.data());
+                sampled_tps = double(B) * batch_steps / (ms_since(t1) * 1e-3);
+            }
+            batch_sampled_tps.push_back(sampled_tps);
         }
 
         // ---- Prefill of one long prompt, in compiled-size chunks.
@@ -259,18 +287,26 @@ int main(int argc, char** argv) {
         fmt::print("start-up: weights uploaded in {:.3f} s ({:.2f} GB; floor at pinned bandwidth {:.3f} s); process start -> loaded "
                    "{:.0f} ms -> first token {:.0f} ms\n",
                    upload_s, st.upload_bytes / 1e9, upload_floor_s, load_ms, first_token_ms);
+        fmt::print("  start-up parts: to main() {:.0f} ms, CUDA context {:.0f} ms, loader + allocations {:.0f} ms, upload {:.0f} ms, "
+                   "first forward {:.0f} ms\n",
+                   main_ms, init_ms, load_ms - main_ms - init_ms - upload_s * 1e3, upload_s * 1e3, first_token_ms - load_ms);
         fmt::print("batch-1 decode after {} prompt tokens: {:.3f} ms/token = {:.0f} tok/s; floor {:.3f} ms ({:.0f} tok/s) -> {:.1f} % of "
                    "floor\n",
                    prompt, warm, 1e3 / warm, floor_ms, 1e3 / floor_ms, 100.0 * floor_ms / warm);
         fmt::print("  of which on the GPU (graph replay, CUDA events): {:.3f} ms; the rest is the step's host side (pack, copies, "
                    "logits to the host)\n",
                    device_ms);
-        for (auto& [B, tps] : batch_tps) fmt::print("decode batch {:>3}: {:.0f} tok/s\n", B, tps);
+        for (size_t i = 0; i < batch_tps.size(); ++i)
+            fmt::print("decode batch {:>3}: {:.0f} tok/s sampling on the GPU; {:.0f} tok/s with B x vocab logits copied to the host "
+                       "({:.0f} tok/s counting only the GPU's time of those steps)\n",
+                       batch_tps[i].first, batch_sampled_tps[i], batch_tps[i].second, batch_gpu_tps[i]);
         if (prefill_tps > 0) fmt::print("prefill {} tokens: {:.0f} tok/s\n", prefill_len, prefill_tps);
         fmt::print("graphs captured {} in {:.3f} s total; graph steps {}, eager steps {}\n", st.graphs_captured, st.capture_seconds,
                    st.graph_steps, st.eager_steps);
         std::string bt;
-        for (auto& [B, tps] : batch_tps) bt += fmt::format("{}\"{}\": {:.0f}", bt.empty() ? "" : ", ", B, tps);
+        for (size_t i = 0; i < batch_tps.size(); ++i)
+            bt += fmt::format("{}\"{}\": {:.0f}", bt.empty() ? "" : ", ", batch_tps[i].first,
+                              batch_sampled_tps[i] > 0 ? batch_sampled_tps[i] : batch_tps[i].second);
         fmt::print("JSON {{\"model\": \"{}\", \"copy_gbs\": {:.0f}, \"h2d_gbs\": {:.1f}, \"upload_s\": {:.3f}, \"upload_floor_s\": {:.3f}, "
                    "\"first_token_ms\": {:.0f}, \"decode_ms\": {:.4f}, \"decode_device_ms\": {:.4f}, \"floor_ms\": {:.4f}, \"decode_tps\": {:.0f}, \"batch_tps\": {{{}}}, "
                    "\"prefill_tps\": {:.0f}, \"capture_s\": {:.3f}}}\n",

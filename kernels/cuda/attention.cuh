@@ -25,6 +25,8 @@ namespace detail {
 template <int HKV, int D, int BS, typename KVT>
 __global__ void kv_append_kernel(int rows, const int64_t* __restrict__ slots, const float* __restrict__ k,
                                  const float* __restrict__ v, std::byte* kv, int64_t block_bytes, int64_t k_off, int64_t v_off) {
+    pdl_wait();
+    pdl_trigger();
     const int t = blockIdx.x;
     if (t >= rows) return;
     const int64_t slot = slots[t];
@@ -57,6 +59,8 @@ attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const 
     __shared__ float sm_m[NW][G], sm_l[NW][G];
     __shared__ float sm_acc[NW][G][D];
 
+    pdl_wait();
+    pdl_trigger();
     const int t = blockIdx.x, g = blockIdx.y;
     const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
     if (t >= rows) return;
@@ -87,28 +91,51 @@ attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const 
         const KVT* kb = reinterpret_cast<const KVT*>(base + k_off) + size_t(g) * BS * D;
         const KVT* vb = reinterpret_cast<const KVT*>(base + v_off) + size_t(g) * BS * D;
         const int j0 = max(0, first - blk * BS), n = min(BS, ctx - blk * BS);
-        for (int j = j0; j < n; ++j) {
-            float kd[DPL], vd[DPL];
+        // Keys in groups of kKeys: all their loads are issued before any is used (one memory
+        // latency per group, not per key), and the running max/sum is rescaled once per group.
+        constexpr int kKeys = BS % 8 == 0 ? 8 : (BS % 4 == 0 ? 4 : 1);
+        for (int jg = 0; jg < BS; jg += kKeys) {
+            if (jg >= n) break;
+            if (jg + kKeys <= j0) continue;
+            float kd[kKeys][DPL], vd[kKeys][DPL];
 #pragma unroll
-            for (int i = 0; i < DPL; ++i) {
-                const int d = lane + i * kWarp;
-                kd[i] = d < D ? to_f32(kb[size_t(j) * D + d]) : 0.0f;
-                vd[i] = d < D ? to_f32(vb[size_t(j) * D + d]) : 0.0f;
+            for (int jj = 0; jj < kKeys; ++jj) {
+                const int j = jg + jj;
+                const bool live = j >= j0 && j < n;
+#pragma unroll
+                for (int i = 0; i < DPL; ++i) {
+                    const int d = lane + i * kWarp;
+                    kd[jj][i] = live && d < D ? to_f32(kb[size_t(j) * D + d]) : 0.0f;
+                    vd[jj][i] = live && d < D ? to_f32(vb[size_t(j) * D + d]) : 0.0f;
+                }
             }
 #pragma unroll
             for (int h = 0; h < G; ++h) {
-                float s = 0.0f;
+                float sc[kKeys];
+                float m_grp = m[h];
 #pragma unroll
-                for (int i = 0; i < DPL; ++i) s += qr[h][i] * kd[i];
-                s = warp_sum(s) * scale;
-                if (x.softcap > 0.0f) s = x.softcap * tanhf(s / x.softcap);
-                const float m_new = fmaxf(m[h], s);
-                const float alpha = expf(m[h] - m_new);  // 0 on the first key (m = -inf)
-                const float p = expf(s - m_new);
-                l[h] = l[h] * alpha + p;
+                for (int jj = 0; jj < kKeys; ++jj) {
+                    float s = 0.0f;
 #pragma unroll
-                for (int i = 0; i < DPL; ++i) acc[h][i] = acc[h][i] * alpha + p * vd[i];
-                m[h] = m_new;
+                    for (int i = 0; i < DPL; ++i) s += qr[h][i] * kd[jj][i];
+                    s = warp_sum(s) * scale;
+                    if (x.softcap > 0.0f) s = x.softcap * tanhf(s / x.softcap);
+                    const int j = jg + jj;
+                    sc[jj] = (j >= j0 && j < n) ? s : -INFINITY;
+                    m_grp = fmaxf(m_grp, sc[jj]);
+                }
+                const float alpha = expf(m[h] - m_grp);  // 0 on the first keys (m = -inf)
+                l[h] *= alpha;
+#pragma unroll
+                for (int i = 0; i < DPL; ++i) acc[h][i] *= alpha;
+#pragma unroll
+                for (int jj = 0; jj < kKeys; ++jj) {
+                    const float p = expf(sc[jj] - m_grp);  // 0 for keys outside [j0, n)
+                    l[h] += p;
+#pragma unroll
+                    for (int i = 0; i < DPL; ++i) acc[h][i] += p * vd[jj][i];
+                }
+                m[h] = m_grp;
             }
         }
     }
@@ -142,14 +169,153 @@ attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const 
     }
 }
 
+
+// The same attention with one key per lane (tiles of 32 keys per warp): a lane scores its key
+// against the group's queries alone, with no reduction across lanes, and the warp rescales once per
+// tile. Fewer dependent steps per key than attention_kernel, but a warp needs 32 keys of context to
+// be busy: used for prefill-sized launches, whose tokens see long contexts.
+template <int HQ, int HKV, int D, int BS, typename KVT>
+__global__ void __launch_bounds__(attention_warps<HQ / HKV, D>() * kWarp)
+attention_keys_kernel(int rows, const DevStep st, const float* __restrict__ q, const std::byte* __restrict__ kv, int64_t block_bytes,
+                      int64_t k_off, int64_t v_off, float scale, const AttnExtras x, float* __restrict__ out) {
+    constexpr int G = HQ / HKV;
+    constexpr int NW = attention_warps<G, D>();
+    constexpr int DPL = (D + kWarp - 1) / kWarp;  // head dims per lane
+    __shared__ float sm_m[NW][G], sm_l[NW][G];
+    __shared__ float sm_acc[NW][G][D];
+    __shared__ float sm_q[G * D];
+    __shared__ float sm_p[NW][kWarp][G];
+    static_assert(sizeof(float) * (NW * G * (2 + D + kWarp) + G * D) <= 48 * 1024,
+                  "attention_keys_kernel: grouped heads x head_dim need more than 48 KiB of shared memory");
+
+    pdl_wait();
+    pdl_trigger();
+    const int t = blockIdx.x, g = blockIdx.y;
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    if (t >= rows) return;
+    float* o = out + (size_t(t) * HQ + size_t(g) * G) * D;
+    if (t >= st.header[kHeaderTokens]) {  // graph padding: a defined output, no reads
+        for (int i = threadIdx.x; i < G * D; i += blockDim.x) o[i] = 0.0f;
+        return;
+    }
+    const int ctx = st.positions[t] + 1;
+    const int first = x.window > 0 ? max(0, ctx - x.window) : 0;  // oldest visible position
+    const int32_t* table = st.block_tables + size_t(st.seq_of_token[t]) * st.header[kHeaderTableStride];
+    for (int i = threadIdx.x; i < G * D; i += blockDim.x) sm_q[i] = q[(size_t(t) * HQ + size_t(g) * G) * D + i];
+    __syncthreads();
+
+    float acc[G][DPL], m[G], l[G];
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;  // this lane's keys only; summed over the warp at the end
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) acc[h][i] = 0.0f;
+    }
+    const int tiles = (ctx + kWarp - 1) / kWarp;
+    for (int tile = first / kWarp + warp; tile < tiles; tile += NW) {
+        const int j = tile * kWarp + lane;
+        const bool live = j >= first && j < ctx;
+        const int jj = live ? j : max(first, tile * kWarp);  // a valid key to read when not live
+        const std::byte* base = kv + int64_t(table[jj / BS]) * block_bytes;
+        const KVT* krow = reinterpret_cast<const KVT*>(base + k_off) + (size_t(g) * BS + jj % BS) * D;
+        float s[G];
+#pragma unroll
+        for (int h = 0; h < G; ++h) s[h] = 0.0f;
+        using V = Vec16<KVT>;
+        static_assert(D % V::n == 0, "head_dim must be a whole number of 16-byte chunks");
+#pragma unroll 4
+        for (int c = 0; c < D / V::n; ++c) {
+            float kd[V::n];
+            V::unpack(*reinterpret_cast<const uint4*>(krow + c * V::n), kd);
+#pragma unroll
+            for (int e = 0; e < V::n; ++e)
+#pragma unroll
+                for (int h = 0; h < G; ++h) s[h] += sm_q[h * D + c * V::n + e] * kd[e];
+        }
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            float sc = s[h] * scale;
+            if (x.softcap > 0.0f) sc = x.softcap * tanhf(sc / x.softcap);
+            sc = live ? sc : -INFINITY;
+            const float m_new = fmaxf(m[h], warp_max(sc));  // finite: a tile holds at least one live key
+            const float alpha = expf(m[h] - m_new);          // 0 on the first tile (m = -inf)
+            const float p = expf(sc - m_new);                // 0 for keys that are not live
+            l[h] = l[h] * alpha + p;
+#pragma unroll
+            for (int i = 0; i < DPL; ++i) acc[h][i] *= alpha;
+            m[h] = m_new;
+            sm_p[warp][lane][h] = p;
+        }
+        __syncwarp();
+        // V rows 8 keys at a time, all loads issued before use (keys that are not live weigh 0).
+        constexpr int kAhead = 8;
+        const int n = min(kWarp, ctx - tile * kWarp);
+        for (int k0 = max(0, first - tile * kWarp); k0 < n; k0 += kAhead) {
+            float vd[kAhead][DPL];
+#pragma unroll
+            for (int u = 0; u < kAhead; ++u) {
+                const int jk = tile * kWarp + min(k0 + u, n - 1);
+                const std::byte* vbase = kv + int64_t(table[jk / BS]) * block_bytes;
+                const KVT* vrow = reinterpret_cast<const KVT*>(vbase + v_off) + (size_t(g) * BS + jk % BS) * D;
+#pragma unroll
+                for (int i = 0; i < DPL; ++i) {
+                    const int d = lane + i * kWarp;
+                    vd[u][i] = d < D ? to_f32(vrow[d]) : 0.0f;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < kAhead; ++u) {
+                if (k0 + u >= n) break;
+#pragma unroll
+                for (int h = 0; h < G; ++h) {
+                    const float p = sm_p[warp][k0 + u][h];
+#pragma unroll
+                    for (int i = 0; i < DPL; ++i) acc[h][i] += p * vd[u][i];
+                }
+            }
+        }
+        __syncwarp();
+    }
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        l[h] = warp_sum(l[h]);
+        if (lane == 0) {
+            sm_m[warp][h] = m[h];
+            sm_l[warp][h] = l[h];
+        }
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+            const int d = lane + i * kWarp;
+            if (d < D) sm_acc[warp][h][d] = acc[h][i];
+        }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+        const int h = idx / D, d = idx % D;
+        const float sink = x.sinks ? x.sinks[g * G + h] : -INFINITY;
+        float mx = sink;
+        for (int w = 0; w < NW; ++w) mx = fmaxf(mx, sm_m[w][h]);
+        float sum = x.sinks ? expf(sink - mx) : 0.0f, val = 0.0f;
+        for (int w = 0; w < NW; ++w) {
+            const float f = sm_l[w][h] > 0.0f ? expf(sm_m[w][h] - mx) : 0.0f;
+            sum += sm_l[w][h] * f;
+            val += sm_acc[w][h][d] * f;
+        }
+        o[idx] = val / sum;
+    }
+}
+
 }  // namespace detail
 
 // Writes this step's K and V rows into their KV slots.
 template <int HKV, int D, int BS, typename KVT>
 void kv_append(const Ctx& c, int rows, const float* k, const float* v, std::byte* kv, int64_t block_bytes, int64_t k_off, int64_t v_off) {
     if (rows <= 0) return;
-    detail::kv_append_kernel<HKV, D, BS, KVT><<<rows, 128, 0, c.stream>>>(rows, c.step.slot_mapping, k, v, kv, block_bytes, k_off, v_off);
+    launch(c, detail::kv_append_kernel<HKV, D, BS, KVT>, dim3(rows), dim3(128), rows, c.step.slot_mapping, k, v, kv, block_bytes, k_off, v_off);
 }
+
+constexpr int kAttentionDecodeMaxRows = 64;
 
 // Causal attention of every token's query heads over its sequence's KV blocks (already appended).
 template <int HQ, int HKV, int D, int BS, typename KVT>
@@ -158,8 +324,14 @@ void attention(const Ctx& c, int rows, const float* q, const std::byte* kv, int6
     static_assert(HQ % HKV == 0, "query heads must be a multiple of kv heads");
     if (rows <= 0) return;
     constexpr int NW = detail::attention_warps<HQ / HKV, D>();
-    detail::attention_kernel<HQ, HKV, D, BS, KVT><<<dim3(rows, HKV), NW * kWarp, 0, c.stream>>>(rows, c.step, q, kv, block_bytes, k_off,
-                                                                                              v_off, scale, extras, out);
+    // Decode-sized launches (short contexts per token) take the per-key-group kernel; prefill-sized
+    // ones the key-per-lane kernel (docs/CUDA.md has both measured).
+    if (rows <= kAttentionDecodeMaxRows)
+        launch(c, detail::attention_kernel<HQ, HKV, D, BS, KVT>, dim3(rows, HKV), dim3(NW * kWarp), rows, c.step, q, kv, block_bytes,
+               k_off, v_off, scale, extras, out);
+    else
+        launch(c, detail::attention_keys_kernel<HQ, HKV, D, BS, KVT>, dim3(rows, HKV), dim3(NW * kWarp), rows, c.step, q, kv,
+               block_bytes, k_off, v_off, scale, extras, out);
 }
 
 }  // namespace scr::kernels::cuda

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "kernels/cuda/step.hpp"
 #include "runtime/core/dtype.hpp"
@@ -82,5 +83,38 @@ __device__ __forceinline__ float warp_max(float v) {
 __device__ __forceinline__ float silu(float g) { return g * (1.0f / (1.0f + expf(-g))); }
 
 __host__ __device__ constexpr int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
+
+// Programmatic dependent launch (Hopper). A kernel launched by `launch` below may start while the
+// kernel before it in the stream is still running: it must call pdl_wait() before its first global
+// write and before reading anything an earlier kernel wrote (only weights may be read before it).
+// pdl_trigger() lets the next kernel start launching once every block of this one has called it.
+// Both are no-ops for a kernel launched the ordinary way.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Launches `kernel` on the step's stream, as a programmatic dependent of the previous kernel when
+// the context asks for it (Ctx::pdl). Every kernel launched through here calls pdl_wait().
+template <typename... Params, typename... Args>
+void launch(const Ctx& c, void (*kernel)(Params...), dim3 grid, dim3 block, Args&&... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = c.stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = c.pdl ? 1 : 0;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
 
 }  // namespace scr::kernels::cuda

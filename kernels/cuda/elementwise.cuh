@@ -13,6 +13,8 @@ namespace detail {
 
 template <int H, typename WT>
 __global__ void embed_kernel(int rows, const int32_t* __restrict__ ids, const WT* __restrict__ table, float* __restrict__ out) {
+    pdl_wait();
+    pdl_trigger();
     const int t = blockIdx.y;
     if (t >= rows) return;
     const WT* src = table + size_t(ids[t]) * H;
@@ -22,6 +24,8 @@ __global__ void embed_kernel(int rows, const int32_t* __restrict__ ids, const WT
 // One warp per row: sum of squares, then y = w * (x * inv). x and y may be the same buffer.
 template <int D>
 __global__ void rmsnorm_kernel(int rows, const float* x, const float* __restrict__ w, float eps, float* y) {
+    pdl_wait();
+    pdl_trigger();
     const int row = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
     if (row >= rows) return;
     const float* xr = x + size_t(row) * D;
@@ -55,6 +59,8 @@ __global__ void rope_kernel(int rows, const float* q, const float* k, float* q_o
                             const int32_t* __restrict__ positions, const int64_t* __restrict__ slots,
                             const __grid_constant__ RopeFreqs<ROT / 2> f, std::byte* kv, int64_t block_bytes, int64_t k_off,
                             int64_t v_off) {
+    pdl_wait();
+    pdl_trigger();
     constexpr int kHalf = ROT / 2;
     const int t = blockIdx.x;
     if (t >= rows) return;
@@ -70,29 +76,35 @@ __global__ void rope_kernel(int rows, const float* q, const float* k, float* q_o
             vd = reinterpret_cast<KVT*>(base + v_off) + size_t(off) * D;
         }
     }
-    for (int j = threadIdx.x; j < (HQ + HK) * kHalf; j += blockDim.x) {
-        const int h = j / kHalf, i = j % kHalf;
-        float sn, cs;
-        sincosf(pos * f.inv_freq[i], &sn, &cs);
-        if (h < HQ) {
-            rotate_pair<ROT>(q + (size_t(t) * HQ + h) * D, q_out + (size_t(t) * HQ + h) * D, i, cs, sn);
-        } else {
-            const int hk = h - HQ;
-            const float* s = k + (size_t(t) * HK + hk) * D;
-            if (!kv) {
-                rotate_pair<ROT>(s, k_out + (size_t(t) * HK + hk) * D, i, cs, sn);
-            } else if (kd) {
-                const float a = s[i], c = s[i + kHalf];
-                KVT* dst = kd + size_t(hk) * BS * D;
-                dst[i] = from_f32<KVT>(a * cs - c * sn);
-                dst[i + kHalf] = from_f32<KVT>(c * cs + a * sn);
+    // One flat range of work per token: rotary pairs, then pass-through dimensions, then V; the
+    // token's blocks (grid.y) share it, so a decode step is one wave of short threads.
+    constexpr int kPairs = (HQ + HK) * kHalf;
+    constexpr int kPass = (HQ + HK) * (D - ROT);
+    constexpr int kWork = kPairs + kPass + HK * D;
+    for (int w = blockIdx.y * blockDim.x + threadIdx.x; w < kWork; w += gridDim.y * blockDim.x) {
+        if (w < kPairs) {
+            const int h = w / kHalf, i = w % kHalf;
+            float sn, cs;
+            sincosf(pos * f.inv_freq[i], &sn, &cs);
+            if (h < HQ) {
+                rotate_pair<ROT>(q + (size_t(t) * HQ + h) * D, q_out + (size_t(t) * HQ + h) * D, i, cs, sn);
+            } else {
+                const int hk = h - HQ;
+                const float* src = k + (size_t(t) * HK + hk) * D;
+                if (!kv) {
+                    rotate_pair<ROT>(src, k_out + (size_t(t) * HK + hk) * D, i, cs, sn);
+                } else if (kd) {
+                    const float a = src[i], c = src[i + kHalf];
+                    KVT* dst = kd + size_t(hk) * BS * D;
+                    dst[i] = from_f32<KVT>(a * cs - c * sn);
+                    dst[i + kHalf] = from_f32<KVT>(c * cs + a * sn);
+                }
             }
-        }
-    }
-    // Dimensions past the rotary part are copied (or stored), and V goes to the cache as is.
-    if constexpr (ROT < D) {
-        for (int j = threadIdx.x; j < (HQ + HK) * (D - ROT); j += blockDim.x) {
-            const int h = j / (D - ROT), i = ROT + j % (D - ROT);
+        } else if (w < kPairs + kPass) {
+            // Dimensions past the rotary part are copied (or stored).
+            constexpr int kPassDims = D - ROT > 0 ? D - ROT : 1;  // (never 0 where this branch runs)
+            const int j = w - kPairs;
+            const int h = j / kPassDims, i = ROT + j % kPassDims;
             if (h < HQ) {
                 q_out[(size_t(t) * HQ + h) * D + i] = q[(size_t(t) * HQ + h) * D + i];
             } else {
@@ -101,11 +113,18 @@ __global__ void rope_kernel(int rows, const float* q, const float* k, float* q_o
                 if (!kv) k_out[(size_t(t) * HK + hk) * D + i] = val;
                 else if (kd) kd[size_t(hk) * BS * D + i] = from_f32<KVT>(val);
             }
+        } else if (vd) {
+            // V goes to the cache as is.
+            const int j = w - kPairs - kPass;
+            vd[size_t(j / D) * BS * D + j % D] = from_f32<KVT>(v[size_t(t) * HK * D + j]);
         }
     }
-    if (vd)
-        for (int j = threadIdx.x; j < HK * D; j += blockDim.x)
-            vd[size_t(j / D) * BS * D + j % D] = from_f32<KVT>(v[size_t(t) * HK * D + j]);
+}
+
+// Blocks per token for rope_kernel: one 128-thread block per 128 work items.
+template <int HQ, int HK, int D, int ROT>
+constexpr int rope_blocks() {
+    return ceil_div((HQ + HK) * (ROT / 2) + (HQ + HK) * (D - ROT) + HK * D, 128);
 }
 
 enum class Ew { add, mul, silu, scale, gelu_tanh, softcap };
@@ -119,6 +138,8 @@ __device__ __forceinline__ float gelu_tanh1(float x) {
 
 template <int W, Ew Op>
 __global__ void elementwise_kernel(int64_t n, const float* a, const float* b, float f, float* out) {
+    pdl_wait();
+    pdl_trigger();
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
         if constexpr (Op == Ew::add) out[i] = a[i] + b[i];
         else if constexpr (Op == Ew::mul) out[i] = a[i] * b[i];
@@ -131,6 +152,8 @@ __global__ void elementwise_kernel(int64_t n, const float* a, const float* b, fl
 
 template <int W>
 __global__ void gather_rows_kernel(int rows, const int32_t* __restrict__ which, const float* __restrict__ in, float* __restrict__ out) {
+    pdl_wait();
+    pdl_trigger();
     const int r = blockIdx.y;
     if (r >= rows) return;
     const float* src = in + size_t(which[r]) * W;
@@ -144,13 +167,13 @@ inline int elementwise_blocks(int64_t n) { return int(std::min<int64_t>((n + 255
 template <int H, typename WT>
 void embed(const Ctx& c, int rows, const WT* table, float* out) {
     if (rows <= 0) return;
-    detail::embed_kernel<H, WT><<<dim3(ceil_div(H, 256 * 4) , rows), 256, 0, c.stream>>>(rows, c.step.token_ids, table, out);
+    launch(c, detail::embed_kernel<H, WT>, dim3(ceil_div(H, 256 * 4), rows), dim3(256), rows, c.step.token_ids, table, out);
 }
 
 template <int D>
 void rmsnorm(const Ctx& c, int rows, const float* x, const float* w, float eps, float* y) {
     if (rows <= 0) return;
-    detail::rmsnorm_kernel<D><<<ceil_div(rows, 8), 256, 0, c.stream>>>(rows, x, w, eps, y);
+    launch(c, detail::rmsnorm_kernel<D>, dim3(ceil_div(rows, 8)), dim3(256), rows, x, w, eps, y);
 }
 
 template <int HALF>
@@ -160,8 +183,8 @@ template <int HQ, int HK, int D, int ROT>
 void rope(const Ctx& c, int rows, const float* q, const float* k, float* q_out, float* k_out, const RopeFreqs<ROT / 2>& f) {
     static_assert(ROT % 2 == 0 && ROT <= D, "rotary dims must be even and within head_dim");
     if (rows <= 0) return;
-    detail::rope_kernel<HQ, HK, D, ROT, 1, float><<<rows, 128, 0, c.stream>>>(rows, q, k, q_out, k_out, nullptr, c.step.positions,
-                                                                             c.step.slot_mapping, f, nullptr, 0, 0, 0);
+    launch(c, detail::rope_kernel<HQ, HK, D, ROT, 1, float>, dim3(rows, detail::rope_blocks<HQ, HK, D, ROT>()), dim3(128), rows, q, k, q_out, k_out, nullptr,
+           c.step.positions, c.step.slot_mapping, f, nullptr, int64_t(0), int64_t(0), int64_t(0));
 }
 
 // RoPE fused with the KV append: rotated Q to q_out; rotated K and V into their KV slots.
@@ -170,15 +193,15 @@ void rope_append(const Ctx& c, int rows, const float* q, const float* k, const f
                  const RopeFreqs<ROT / 2>& f, std::byte* kv, int64_t block_bytes, int64_t k_off, int64_t v_off) {
     static_assert(ROT % 2 == 0 && ROT <= D, "rotary dims must be even and within head_dim");
     if (rows <= 0) return;
-    detail::rope_kernel<HQ, HK, D, ROT, BS, KVT><<<rows, 128, 0, c.stream>>>(rows, q, k, q_out, nullptr, v, c.step.positions,
-                                                                            c.step.slot_mapping, f, kv, block_bytes, k_off, v_off);
+    launch(c, detail::rope_kernel<HQ, HK, D, ROT, BS, KVT>, dim3(rows, detail::rope_blocks<HQ, HK, D, ROT>()), dim3(128), rows, q, k, q_out, nullptr, v, c.step.positions,
+           c.step.slot_mapping, f, kv, block_bytes, k_off, v_off);
 }
 
 namespace detail {
 template <int W, Ew Op>
 void elementwise(const Ctx& c, int rows, const float* a, const float* b, float f, float* out) {
     const int64_t n = int64_t(rows) * W;
-    if (n > 0) elementwise_kernel<W, Op><<<elementwise_blocks(n), 256, 0, c.stream>>>(n, a, b, f, out);
+    if (n > 0) launch(c, elementwise_kernel<W, Op>, dim3(elementwise_blocks(n)), dim3(256), n, a, b, f, out);
 }
 }  // namespace detail
 
@@ -206,7 +229,7 @@ void softcap(const Ctx& c, int rows, const float* x, float cap, float* out) {
 template <int W>
 void gather_rows(const Ctx& c, int rows, const float* in, float* out) {
     if (rows <= 0) return;
-    detail::gather_rows_kernel<W><<<dim3(ceil_div(W, 256 * 4), rows), 256, 0, c.stream>>>(rows, c.step.logit_rows, in, out);
+    launch(c, detail::gather_rows_kernel<W>, dim3(ceil_div(W, 256 * 4), rows), dim3(256), rows, c.step.logit_rows, in, out);
 }
 
 }  // namespace scr::kernels::cuda

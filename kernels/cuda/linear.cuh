@@ -15,10 +15,13 @@
 
 #include <mma.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/elementwise.cuh"
+#include "runtime/cuda/prefill_gemm.hpp"
 
 namespace scr::kernels::cuda {
 
@@ -57,10 +60,12 @@ struct LinearParams {
     int rows = 0;
 };
 
-// Warps per weight row: enough (row, split) pairs to fill the GPU, at least one 16-byte chunk per lane.
+// Warps per weight row: enough (row, split) warps to keep ~16k warps of loads in flight over the
+// GPU (a short row per warp means fewer dependent load rounds), with at least two 16-byte chunks
+// per lane. A function of the shape only, so the summation order never depends on the batch.
 constexpr int gemv_ksplit(int n, int k, int vec) {
     int ks = 1;
-    while (ks < 8 && n * ks < 2048 && (k / vec) / (ks * 2) >= kWarp) ks *= 2;
+    while (ks < 8 && n * ks < 16384 && (k / vec) / (ks * 4) >= kWarp) ks *= 2;
     return ks;
 }
 
@@ -75,6 +80,8 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const __grid_c
     constexpr int kBatch = 4;  // 16-byte weight loads per lane in flight
     constexpr int kVals = SWIGLU ? 2 : 1;
     __shared__ float partial[KSPLIT > 1 ? kGemvWarps : 1][kVals + NORM][TR];
+    pdl_trigger();
+    bool waited = false;  // pdl_wait() comes after the first weight loads are in flight
 
     // More than TR token rows: groups of TR rows, the group index fastest across blocks, so the
     // blocks reading the same weight rows run together and all but the first read hit L2.
@@ -111,6 +118,10 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const __grid_c
                     wv[b] = load_stream16(wr + size_t(c) * kVec);
                     if constexpr (SWIGLU) uv[b] = load_stream16(ur + size_t(c) * kVec);
                 }
+            }
+            if (!waited) {
+                pdl_wait();
+                waited = true;
             }
 #pragma unroll
             for (int b = 0; b < kBatch; ++b) {
@@ -149,6 +160,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const __grid_c
             }
         }
     }
+    if (!waited) pdl_wait();
 #pragma unroll
     for (int t = 0; t < TR; ++t) {
         ss[t] = warp_sum(ss[t]);
@@ -203,6 +215,253 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const __grid_c
     }
 }
 
+// ---- Decode linear on tensor cores, weights as the MMA's A operand ("swap AB") ----
+// mma.m16n8k16: 16 weight rows x 16 k (A) times 16 k x 8 token rows (B). Each block owns MT tiles
+// of 16 weight rows; its warps split K into fixed slices and their partial sums meet in a fixed
+// tree, so an output's arithmetic depends on neither the number of token rows nor the other rows:
+// every batch size gives each row the same bits. x (float32) enters as two bf16 parts, hi + lo, so
+// products keep ~2^-17 relative accuracy. Within a 32-k chunk lane (g, t) loads 16 contiguous
+// bytes (k = 8t..8t+7) of rows g and g+8, and the same 8 k of token g: the MMA's k order is a
+// permutation of memory order, applied alike to A and B, so every load is a coalesced 16-byte one.
+// Weight loads run one round (U chunks) ahead of the MMAs when registers allow (small TN).
+constexpr int kMmaRows = 16;
+
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                               uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two floats as a bf16x2 register (the first in the low half, as the MMA expects the lower k).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo_k, float hi_k) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo_k, hi_k);
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Warps splitting K: as many as divide K into 32-k chunks, up to 8.
+__host__ __device__ constexpr int mma_warps(int k) {
+    int w = 8;
+    while (w > 1 && k % (w * 32) != 0) w /= 2;
+    return w;
+}
+// 16-row tiles per block: two once there are 32+ token rows (each x load then feeds twice the
+// weights); SwiGLU already has two matrices per tile (and no registers left for more).
+__host__ __device__ constexpr int mma_tiles(int tn, bool swiglu) { return tn >= 4 && !swiglu ? 2 : 1; }
+
+template <int K, int TN, bool SWIGLU>
+struct MmaShape {
+    static constexpr int NW = mma_warps(K);
+    static constexpr int KW = K / NW;   // k per warp
+    static constexpr int CH = KW / 32;  // 32-k chunks per warp
+    static constexpr int NA = SWIGLU ? 2 : 1;
+    static constexpr int MT = mma_tiles(TN, SWIGLU);
+    static constexpr bool kPipe = TN <= 2;  // double-buffered weight registers
+    // Chunks per round: ~64 registers of weights per buffer, and a divisor of CH.
+    static constexpr int U0 = 8 / (NA * MT) < 1 ? 1 : 8 / (NA * MT);
+    static constexpr int U1 = kPipe ? (U0 / 2 < 1 ? 1 : U0 / 2) : U0;
+    static constexpr int U = CH % U1 == 0 ? (U1 < CH ? U1 : CH) : 1;
+};
+
+template <int K, int TN, bool SWIGLU, bool NORM>
+__global__ void __launch_bounds__(mma_warps(K) * kWarp) mma_linear_kernel(const __grid_constant__ LinearParams p) {
+    using S = MmaShape<K, TN, SWIGLU>;
+    constexpr int NW = S::NW, KW = S::KW, CH = S::CH, NA = S::NA, MT = S::MT, U = S::U;
+    static_assert(KW % 32 == 0, "the MMA linear needs K % 32 == 0");
+    constexpr int kVals = NA * MT * TN * 4 + (NORM ? TN : 0);
+    __shared__ float red[NW > 1 ? NW / 2 : 1][kVals][kWarp];
+
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    const int g = lane / 4, t = lane % 4;
+    int nl = blockIdx.y * (kMmaRows * MT), s = 0;
+    while (s + 1 < p.nseg && nl >= p.seg[s].n) nl -= p.seg[s++].n;
+    const LinearOut& o = p.seg[s];
+    const int tok0 = blockIdx.x * (TN * 8);
+
+    // Lane's first weight element of (matrix a, tile m): row nl + 16m + g, k = warp slice + 8t.
+    const bf16_t* wbase[NA];
+    wbase[0] = static_cast<const bf16_t*>(o.w) + size_t(nl + g) * K + warp * KW + 8 * t;
+    if constexpr (SWIGLU) wbase[1] = static_cast<const bf16_t*>(o.w_up) + size_t(nl + g) * K + warp * KW + 8 * t;
+
+    float acc[NA][MT][TN][4], ss[TN];
+#pragma unroll
+    for (int n = 0; n < TN; ++n) {
+        ss[n] = 0.0f;
+#pragma unroll
+        for (int a = 0; a < NA; ++a)
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[a][m][n][e] = 0.0f;
+    }
+
+    using WRegs = uint4[NA][MT][U][2];  // rows g and g + 8 of each tile
+    auto load_round = [&](WRegs& w, int c0) {
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int a = 0; a < NA; ++a)
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    const bf16_t* r = wbase[a] + size_t(16 * m) * K + (c0 + u) * 32;
+                    w[a][m][u][0] = load_stream16(r);
+                    w[a][m][u][1] = load_stream16(r + size_t(8) * K);
+                }
+    };
+    auto mma_round = [&](const WRegs& w, int c0) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int k = warp * KW + (c0 + u) * 32 + 8 * t;
+            float nw[8];
+            if constexpr (NORM) {
+                const float4 n0 = __ldg(reinterpret_cast<const float4*>(p.norm_w + k));
+                const float4 n1 = __ldg(reinterpret_cast<const float4*>(p.norm_w + k + 4));
+                nw[0] = n0.x; nw[1] = n0.y; nw[2] = n0.z; nw[3] = n0.w;
+                nw[4] = n1.x; nw[5] = n1.y; nw[6] = n1.z; nw[7] = n1.w;
+            }
+#pragma unroll
+            for (int n = 0; n < TN; ++n) {
+                const int tok = tok0 + n * 8 + g;
+                float xv[8];
+                if (tok < p.rows) {
+                    const float4 x0 = *reinterpret_cast<const float4*>(p.x + size_t(tok) * K + k);
+                    const float4 x1 = *reinterpret_cast<const float4*>(p.x + size_t(tok) * K + k + 4);
+                    xv[0] = x0.x; xv[1] = x0.y; xv[2] = x0.z; xv[3] = x0.w;
+                    xv[4] = x1.x; xv[5] = x1.y; xv[6] = x1.z; xv[7] = x1.w;
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) xv[i] = 0.0f;
+                }
+                uint32_t bh[4], bl[4];
+#pragma unroll
+                for (int i = 0; i < 8; i += 2) {
+                    float v0 = xv[i], v1 = xv[i + 1];
+                    if constexpr (NORM) {
+                        ss[n] += v0 * v0;
+                        ss[n] += v1 * v1;
+                        v0 *= nw[i];
+                        v1 *= nw[i + 1];
+                    }
+                    const float h0 = __bfloat162float(__float2bfloat16_rn(v0));
+                    const float h1 = __bfloat162float(__float2bfloat16_rn(v1));
+                    bh[i / 2] = pack_bf16x2(h0, h1);
+                    bl[i / 2] = pack_bf16x2(v0 - h0, v1 - h1);
+                }
+#pragma unroll
+                for (int a = 0; a < NA; ++a)
+#pragma unroll
+                    for (int m = 0; m < MT; ++m) {
+                        const uint4& r0 = w[a][m][u][0];
+                        const uint4& r8 = w[a][m][u][1];
+                        mma_bf16_16816(acc[a][m][n], r0.x, r8.x, r0.y, r8.y, bh[0], bh[1]);
+                        mma_bf16_16816(acc[a][m][n], r0.z, r8.z, r0.w, r8.w, bh[2], bh[3]);
+                        mma_bf16_16816(acc[a][m][n], r0.x, r8.x, r0.y, r8.y, bl[0], bl[1]);
+                        mma_bf16_16816(acc[a][m][n], r0.z, r8.z, r0.w, r8.w, bl[2], bl[3]);
+                    }
+            }
+        }
+    };
+
+    if constexpr (S::kPipe) {
+        WRegs wa, wb;
+        load_round(wa, 0);
+        pdl_wait();  // weights never depend on an earlier kernel: the first loads fly before the wait
+#pragma unroll 1
+        for (int c0 = 0; c0 < CH; c0 += 2 * U) {
+            if (c0 + U < CH) load_round(wb, c0 + U);
+            mma_round(wa, c0);
+            if (c0 + U >= CH) break;
+            if (c0 + 2 * U < CH) load_round(wa, c0 + 2 * U);
+            mma_round(wb, c0 + U);
+        }
+    } else {
+        WRegs w;
+#pragma unroll 1
+        for (int c0 = 0; c0 < CH; c0 += U) {
+            load_round(w, c0);
+            if (c0 == 0) pdl_wait();
+            mma_round(w, c0);
+        }
+    }
+    pdl_trigger();
+    // Sum of squares of token g of tile n: over the 4 lanes of the row group, then the warps.
+    if constexpr (NORM) {
+#pragma unroll
+        for (int n = 0; n < TN; ++n) {
+            ss[n] += __shfl_xor_sync(0xffffffffu, ss[n], 1);
+            ss[n] += __shfl_xor_sync(0xffffffffu, ss[n], 2);
+        }
+    }
+    // Fixed tree over the warps: the upper half hands its partials to the lower half.
+#pragma unroll
+    for (int half = NW / 2; half >= 1; half /= 2) {
+        if (warp >= half && warp < 2 * half) {
+            int v = 0;
+#pragma unroll
+            for (int a = 0; a < NA; ++a)
+#pragma unroll
+                for (int m = 0; m < MT; ++m)
+#pragma unroll
+                    for (int n = 0; n < TN; ++n)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) red[warp - half][v++][lane] = acc[a][m][n][e];
+            if constexpr (NORM) {
+#pragma unroll
+                for (int n = 0; n < TN; ++n) red[warp - half][v++][lane] = ss[n];
+            }
+        }
+        __syncthreads();
+        if (warp < half) {
+            int v = 0;
+#pragma unroll
+            for (int a = 0; a < NA; ++a)
+#pragma unroll
+                for (int m = 0; m < MT; ++m)
+#pragma unroll
+                    for (int n = 0; n < TN; ++n)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) acc[a][m][n][e] += red[warp][v++][lane];
+            if constexpr (NORM) {
+#pragma unroll
+                for (int n = 0; n < TN; ++n) ss[n] += red[warp][v++][lane];
+            }
+        }
+        __syncthreads();
+    }
+    if (warp != 0) return;
+    // Lane (g, t) holds rows g and g + 8 of each tile for token columns 2t and 2t + 1.
+#pragma unroll
+    for (int n = 0; n < TN; ++n) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int col = 2 * t + j;
+            float inv = 1.0f;
+            if constexpr (NORM) {
+                const float sum = __shfl_sync(0xffffffffu, ss[n], col * 4);
+                inv = 1.0f / sqrtf(sum / float(K) + p.eps);
+            }
+            const int tok = tok0 + n * 8 + col;
+            if (tok >= p.rows) continue;
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = nl + 16 * m + g + 8 * h;
+                    float v = acc[0][m][n][2 * h + j] * inv;
+                    const size_t at = size_t(tok) * o.n + row;
+                    if constexpr (SWIGLU) {
+                        v = silu(v) * (acc[NA - 1][m][n][2 * h + j] * inv);
+                    } else {
+                        if (o.bias) v += o.bias[row];
+                        if (o.residual) v = o.residual[at] + v;
+                    }
+                    o.y[at] = v;
+                }
+        }
+    }
+}
+
 // ---- Tensor-core GEMM for bf16 weights (rows > kGemvMaxRows) ----
 namespace wmma = nvcuda::wmma;
 
@@ -216,6 +475,8 @@ __global__ void __launch_bounds__(128) gemm_bf16_kernel(const __grid_constant__ 
     static_assert(K % 16 == 0, "the tensor-core path needs K % 16 == 0");
     __shared__ __align__(32) __nv_bfloat16 a_hi[BM][LDA], a_lo[BM][LDA], b_g[BN][LDA], b_u[SWIGLU ? BN : 1][LDA];
     __shared__ __align__(32) float c_tile[BM][LDC];
+    pdl_wait();
+    pdl_trigger();
 
     const LinearOut& o = p.seg[blockIdx.z];
     const int n0 = blockIdx.x * BN, t0 = blockIdx.y * BM;
@@ -320,6 +581,8 @@ template <int K, typename WT, bool SWIGLU>
 __global__ void __launch_bounds__(256) gemm_simt_kernel(const __grid_constant__ LinearParams p) {
     constexpr int B = 16;
     __shared__ float xs[B][B + 1], ws[B][B + 1], us[SWIGLU ? B : 1][B + 1];
+    pdl_wait();
+    pdl_trigger();
     const LinearOut& o = p.seg[blockIdx.z];
     const int n0 = blockIdx.x * B, t0 = blockIdx.y * B;
     if (n0 >= o.n) return;
@@ -358,7 +621,44 @@ void launch_gemv(const Ctx& c, const LinearParams& p) {
     constexpr int ks = gemv_ksplit(NTOTAL, K, Vec16<WT>::n);
     constexpr int rows_per_cta = kGemvWarps / ks;
     const int groups = ceil_div(p.rows, TR);
-    gemv_kernel<K, WT, TR, ks, SWIGLU, NORM><<<ceil_div(NTOTAL, rows_per_cta) * groups, kGemvWarps * kWarp, 0, c.stream>>>(p);
+    launch(c, gemv_kernel<K, WT, TR, ks, SWIGLU, NORM>, dim3(ceil_div(NTOTAL, rows_per_cta) * groups), dim3(kGemvWarps * kWarp), p);
+}
+
+// The MMA linear, off with SCR_CUDA_LINEAR=simt (the float32 GEMV below; kept for A/B runs).
+// SCR_CUDA_PREFILL=mma also sends more than kMmaMaxRows rows through it (instead of cuBLASLt).
+inline bool env_is(const char* name, const char* value) {
+    const char* e = std::getenv(name);
+    return e && std::strcmp(e, value) == 0;
+}
+inline bool mma_linear_on() {
+    static const bool on = !env_is("SCR_CUDA_LINEAR", "simt");
+    return on;
+}
+// Token rows the MMA linear takes by default: 9..256. At 1..8 rows the float32 GEMV, whose many
+// small blocks keep more weight bytes in flight, is faster (docs/CUDA.md); above 256, cuBLASLt.
+// SCR_CUDA_LINEAR=mma sends 1..8 rows to the MMA linear too.
+constexpr int kMmaMinRows = 9, kMmaMaxRows = 256;
+inline int mma_min_rows() {
+    static const int n = env_is("SCR_CUDA_LINEAR", "mma") ? 1 : kMmaMinRows;
+    return n;
+}
+inline bool mma_prefill_on() {
+    static const bool on = env_is("SCR_CUDA_PREFILL", "mma");
+    return on;
+}
+
+template <int K, bool SWIGLU, bool NORM, int TN>
+void launch_mma(const Ctx& c, const LinearParams& p) {
+    launch(c, mma_linear_kernel<K, TN, SWIGLU, NORM>, dim3(ceil_div(p.rows, TN * 8), p.n_total / (kMmaRows * mma_tiles(TN, SWIGLU))),
+           dim3(mma_warps(K) * kWarp), p);
+}
+
+template <int K, bool SWIGLU, bool NORM>
+void launch_mma_rows(const Ctx& c, const LinearParams& p) {
+    if (p.rows <= 8) launch_mma<K, SWIGLU, NORM, 1>(c, p);
+    else if (p.rows <= 16) launch_mma<K, SWIGLU, NORM, 2>(c, p);
+    else if (p.rows <= 32) launch_mma<K, SWIGLU, NORM, 4>(c, p);
+    else launch_mma<K, SWIGLU, NORM, 8>(c, p);
 }
 
 template <int K, typename WT, int NTOTAL, bool SWIGLU, bool NORM>
@@ -376,6 +676,18 @@ void linear_run(const Ctx& c, int rows, const float* x, LinearParams p, const Rm
     if (rows <= 0) return;
     p.rows = rows;
     p.n_total = NTOTAL;
+    if constexpr (std::is_same_v<WT, bf16_t> && K % 32 == 0) {
+        bool whole_tiles = true;
+        // Every segment a whole number of the widest block (two 16-row tiles).
+        for (int s = 0; s < p.nseg; ++s) whole_tiles = whole_tiles && p.seg[s].n % (2 * kMmaRows) == 0;
+        if (whole_tiles && mma_linear_on() && rows >= mma_min_rows() && (rows <= kMmaMaxRows || mma_prefill_on())) {
+            p.x = NORM ? norm.x : x;
+            p.norm_w = norm.w;
+            p.eps = norm.eps;
+            launch_mma_rows<K, SWIGLU, NORM>(c, p);
+            return;
+        }
+    }
     if (rows <= kGemvMaxRows) {
         p.x = NORM ? norm.x : x;
         p.norm_w = norm.w;
@@ -387,13 +699,23 @@ void linear_run(const Ctx& c, int rows, const float* x, LinearParams p, const Rm
     p.x = x;
     p.norm_w = nullptr;
     if constexpr (std::is_same_v<WT, bf16_t> && K % 16 == 0) {
+        // cuBLASLt per matrix (runtime/cuda/prefill_gemm.hpp); what it declines, our WMMA GEMM.
+        LinearParams rest = p;
+        rest.nseg = 0;
+        for (int s = 0; s < p.nseg; ++s) {
+            const LinearOut& o = p.seg[s];
+            const bool done = SWIGLU ? cuda_rt::prefill_swiglu_bf16(c.stream, rows, o.n, K, x, o.w, o.w_up, o.y)
+                                     : cuda_rt::prefill_linear_bf16(c.stream, rows, o.n, K, x, o.w, o.bias, o.residual, o.y);
+            if (!done) rest.seg[rest.nseg++] = o;
+        }
+        if (rest.nseg == 0) return;
         const int row_tiles = ceil_div(rows, 64);
-        if (ceil_div(NMAX, 64) * row_tiles * p.nseg >= 132)
-            gemm_bf16_kernel<K, 64, SWIGLU><<<dim3(ceil_div(NMAX, 64), row_tiles, p.nseg), 128, 0, c.stream>>>(p);
+        if (ceil_div(NMAX, 64) * row_tiles * rest.nseg >= 132)
+            launch(c, gemm_bf16_kernel<K, 64, SWIGLU>, dim3(ceil_div(NMAX, 64), row_tiles, rest.nseg), dim3(128), rest);
         else
-            gemm_bf16_kernel<K, 32, SWIGLU><<<dim3(ceil_div(NMAX, 32), row_tiles, p.nseg), 128, 0, c.stream>>>(p);
+            launch(c, gemm_bf16_kernel<K, 32, SWIGLU>, dim3(ceil_div(NMAX, 32), row_tiles, rest.nseg), dim3(128), rest);
     } else {
-        gemm_simt_kernel<K, WT, SWIGLU><<<dim3(ceil_div(NMAX, 16), ceil_div(rows, 16), p.nseg), dim3(16, 16), 0, c.stream>>>(p);
+        launch(c, gemm_simt_kernel<K, WT, SWIGLU>, dim3(ceil_div(NMAX, 16), ceil_div(rows, 16), p.nseg), dim3(16, 16), p);
     }
 }
 

@@ -31,6 +31,7 @@ struct DevStep {
 struct Ctx {
     cudaStream_t stream = nullptr;
     DevStep step;
+    bool pdl = false;  // launch kernels as programmatic dependents (kernels/cuda/common.cuh: launch)
 };
 
 }  // namespace scr::kernels::cuda

@@ -59,6 +59,12 @@ struct CudaGeneratedModel::Impl {
     int32_t kv_blocks = 0;
 
     bool timing = false;
+    // Kernels launch as programmatic dependents (each may start while its predecessor drains);
+    // SCR_CUDA_PDL=0 turns it off, for A/B measurements.
+    bool pdl = [] {
+        const char* e = std::getenv("SCR_CUDA_PDL");
+        return !(e && std::string_view(e) == "0");
+    }();
     cudaEvent_t t_begin = nullptr, t_end = nullptr;
 
     std::vector<int> buckets;  // decode graph batch sizes
@@ -314,6 +320,7 @@ void CudaGeneratedModel::forward(const StepBatch& b, KvPool& kv, float* logits) 
     kc::Ctx ctx;
     ctx.stream = m.stream;
     ctx.step = m.step;
+    ctx.pdl = m.pdl;
     if (m.timing) SCR_CUDA(cudaEventRecord(m.t_begin, m.stream));
     if (decode) {
         auto it = m.graphs.find(rows);

@@ -140,7 +140,10 @@ LoadedModel load_model(const std::string& arg, const LoadOptions& options) {
     lm.entry = &select_specialization(lm.config, cfg.string(), options.quant);
     if (options.threads > 0) ThreadPool::set_default_threads(options.threads);
     auto checkpoint = Checkpoint::open(lm.dir);
-    lm.weights = std::make_unique<WeightSet>(lm.entry->info->tensors, checkpoint, lm.entry->info->stem, options.huge_pages);
+    // The huge-page copy speeds up CPU kernels streaming the weights; another target uploads them
+    // once from the mapping, and a copy first would only double the start-up time.
+    const bool huge_pages = options.huge_pages && lm.entry->info->target == "cpu";
+    lm.weights = std::make_unique<WeightSet>(lm.entry->info->tensors, checkpoint, lm.entry->info->stem, huge_pages);
     lm.model = lm.entry->create(*lm.weights, ThreadPool::global());
     if (fs::exists(lm.dir / "generation_config.json"))
         lm.generation_config = read_json_file(lm.dir / "generation_config.json", "generation_config.json");

@@ -11,7 +11,7 @@ LOGS=/tmp/scr-cuda-logs  # one file per step; all of them are appended to $OUT/d
 mkdir -p "$OUT" "$LOGS"
 C=/tmp/scr-cuda-bin  # unpacked binaries (tests/cuda/pack_carry.sh made the archive)
 mkdir -p $C && tar -C $C -xJf "$CARRY/bin.tar.xz" || { echo "cannot unpack $CARRY/bin.tar.xz"; exit 1; }
-export LD_LIBRARY_PATH=$C/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONUNBUFFERED=1
 export SCR_REQUIRE_GPU=1  # the gtests fail, not skip, when the GPU cannot be opened
 command -v compute-sanitizer >/dev/null || export PATH=$PATH:/usr/local/cuda/bin

@@ -4,7 +4,7 @@
 # One xz archive (the three binaries share most of their bytes, and the run tool carries at most
 # 64 MiB with the working tree) of the stripped binaries plus lib/ with the shared libraries the
 # GPU machine's image lacks (Debian's fmt, utf8proc, cpp-httplib, brotli; not libstdc++/libgcc/ssl/z,
-# which it has in newer versions that Python there needs). device_run.sh unpacks it.
+# which it has in newer versions that Python there needs; nor cuBLAS/cuBLASLt, which /usr/local/cuda/lib64 has there). device_run.sh unpacks it.
 # Keep OUT git-ignored (echo /.cuda-carry/ >> .git/info/exclude).
 set -eu
 B=${1:-build-cuda}
@@ -12,10 +12,10 @@ O=${2:-.cuda-carry}
 rm -rf "$O"
 stage=$(mktemp -d)
 mkdir -p "$stage/lib" "$O"
-for f in "$B/scr" "$B/tests/cuda/scr_cuda_tests" "$B/bench/cuda/scr_cuda_bench" "$B/tests/cuda/scr_cuda_quant_gemv" "$B/tests/cuda/scr_cuda_sample"; do
+for f in "$B/scr" "$B/tests/cuda/scr_cuda_tests" "$B/bench/cuda/scr_cuda_bench" "$B/tests/cuda/scr_cuda_quant_gemv" "$B/tests/cuda/scr_cuda_linear" "$B/tests/cuda/scr_cuda_sample"; do
     [ -f "$f" ] || continue
     strip -o "$stage/$(basename "$f")" "$f"
-    ldd "$f" | awk '/=> \//{print $3}' | grep -v -E '/(libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s|libpcre2-8|libssl|libcrypto|libz|ld-linux[^/]*)\.so' |
+    ldd "$f" | awk '/=> \//{print $3}' | grep -v -E '/(libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s|libpcre2-8|libssl|libcrypto|libz|libcublas|libcublasLt|ld-linux[^/]*)\.so' |
         while read -r lib; do cp -Ln "$lib" "$stage/lib/" 2>/dev/null || true; done
 done
 tar -C "$stage" -cf - . | xz -9e -T2 > "$O/bin.tar.xz"

@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/scr-cudaq-out}
 mkdir -p "$OUT"
 C=/tmp/scr-cudaq-bin
 mkdir -p $C && tar -C $C -xJf "$CARRY/bin.tar.xz" || { echo "cannot unpack $CARRY/bin.tar.xz"; exit 1; }
-export LD_LIBRARY_PATH=$C/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONUNBUFFERED=1
 command -v compute-sanitizer >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
 summary=()

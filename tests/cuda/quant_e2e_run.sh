@@ -12,7 +12,7 @@ OUT=${OUT:-/tmp/scr-cudaq2-out}
 mkdir -p "$OUT"
 C=/tmp/scr-cudaq2-bin
 rm -rf $C /tmp/l1b*; mkdir -p $C && tar -C $C -xJf "$CARRY/bin.tar.xz" || { echo "cannot unpack $CARRY/bin.tar.xz"; exit 1; }
-export LD_LIBRARY_PATH=$C/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONUNBUFFERED=1
 summary=()
 step() {  # step NAME TIMEOUT CMD...: run, keep the log in $OUT/NAME.txt, record rc and seconds
