@@ -9,6 +9,10 @@
 //     N p_i within 2; (b) 1,048,576 draws from random uniforms per parameter set: Pearson chi-square
 //     (bins of expected count < 5 pooled) below df + 6 sqrt(2 df), and |freq - p| <= 6 sigma + 1/N for
 //     every token expected 5 times or more; for V = 1000 and V = 999;
+//   * random parameters (top_k incl. 1, V - 1, V; top_p; min_p; T) on rows of small integer logits
+//     (the k-th value and the top-p boundary inside large tie groups), of floats a few ulps apart (the
+//     k-th and the next in adjacent bins of the last radix digit), and smooth rows: the reference's
+//     kept sets;
 //   * determinism: the same launch twice gives the same tokens;
 //   * timing (printed, not checked): one row and 64 rows at V = 128256.
 // Exit: 0 all passed, 1 a check failed, 77 no GPU (ctest skips; SCR_REQUIRE_GPU=1 makes it a failure).
@@ -335,6 +339,48 @@ void test_kept_sets(Dev& dev) {
     }
 }
 
+// Random parameters on rows of small integer logits (large tie groups everywhere: top_k's k-th value and
+// the top_p boundary fall inside ties), and on smooth rows; the kept set must equal the reference's.
+void test_random_parameters(Dev& dev) {
+    Rand rng{2024};
+    for (int V : {257, scaled(4096, 1024), scaled(50000, 3001)}) {
+        const int rows = scaled(64, 16);
+        std::vector<float> x(size_t(rows) * V);
+        std::vector<SampleParams> ps(rows);
+        for (int r = 0; r < rows; ++r) {
+            float* row = x.data() + size_t(r) * V;
+            const int kind = r % 3;  // 0: small integers (ties), 1: floats a few ulps apart, 2: smooth
+            for (int i = 0; i < V; ++i) {
+                if (kind == 0) row[i] = float(int(rng.next() % 12)) - 6.0f;
+                else if (kind == 1) {
+                    const uint32_t b = 0x3f800000u + uint32_t(rng.next() % uint64_t(2 * V));  // adjacent order keys
+                    std::memcpy(&row[i], &b, 4);
+                } else row[i] = float(rng.normal() * 2.0);
+            }
+            const int ks[] = {0, 1, 2, 5, 50, V - 1, V, -1};
+            SampleParams& p = ps[r];
+            p.temperature = float(0.3 + 1.7 * rng.uniform());
+            p.top_k = ks[rng.next() % 8];
+            p.top_p = rng.next() % 3 == 0 ? 1.0f : float(0.05 + 0.94 * rng.uniform());
+            p.min_p = rng.next() % 3 == 0 ? 0.0f : float(0.5 * rng.uniform());
+            p.uniform = rng.uniform();
+        }
+        std::vector<SampleTrace> tr;
+        const auto got = dev.run(x, V, ps, &tr);
+        for (int r = 0; r < rows; ++r) {
+            const RefRow ref = reference(x.data() + size_t(r) * V, V, ps[r]);
+            int wrong = 0;
+            for (int i = 0; i < V; ++i) {
+                if (!(std::exp(double(ref.x[i]) - ref.max_x) >= 0x1p-40)) continue;
+                wrong += (order_key(ref.x[i]) >= tr[r].keep_lo) != bool(ref.kept[i]);
+            }
+            expect(wrong == 0, text("random params V=%d row %d (T %g k %d p %g min_p %g): %d tokens differ", V, r,
+                                    double(ps[r].temperature), ps[r].top_k, double(ps[r].top_p), double(ps[r].min_p), wrong));
+            expect(got[r] >= 0 && got[r] < V && ref.kept[got[r]], text("random params V=%d row %d: token %d not kept", V, r, got[r]));
+        }
+    }
+}
+
 // The draw against the exact probabilities of the reference's kept set.
 void test_frequencies(Dev& dev) {
     const int kRowsPerLaunch = scaled(4096, 128);
@@ -455,6 +501,7 @@ int main(int argc, char** argv) {
     Dev dev;
     test_greedy(dev);
     test_kept_sets(dev);
+    test_random_parameters(dev);
     if (!quick) test_frequencies(dev);
 #if !defined(SCR_SAMPLE_HOST_EMULATION)
     if (run_bench) bench(dev);
