@@ -106,6 +106,8 @@ rm -rf "$D1" "$D8"
 # ---- Llama-3.2-1B and Llama-3.1-8B: scr_cuda_bench
 step make_random_1b 30 $SCR make-random $CFG/llama/llama-3.2-1b.json "$D1" --dtype bf16 &&
     step bench_1b 60 $BENCH "$D1" --prompt 128 --decode 128 --prefill 2048 --batches 16,64,256
+# The same decode batches with cuBLASLt from 9 rows (instead of the MMA linear up to 256): an A/B.
+[ -f "$D1/model.safetensors" ] && step bench_1b_cublas9 40 env SCR_CUDA_CUBLAS_MIN_ROWS=9 $BENCH "$D1" --prompt 128 --decode 16 --prefill 0 --batches 16,64,256
 step make_random_8b 60 $SCR make-random $CFG/llama/llama-3.1-8b.json "$D8" --dtype bf16 &&
     step bench_8b 90 $BENCH "$D8" --prompt 128 --decode 128 --prefill 2048 --batches 16,64,256
 

@@ -123,11 +123,14 @@ std::string plan_text(const bind::Bound& b, const Sizes& s) {
 std::string info_tables(const bind::Bound& b, const Sizes& s, const std::string& target) {
     const auto& g = b.graph;
     std::string o;
+    // Names as ""sv literals: a string_view built from a plain literal runs char_traits::length at
+    // compile time, and nvcc's constant evaluator gives up on tables of ~19k tensors (Qwen3-30B-A3B).
+    o += "using namespace std::string_view_literals;\n";
     o += "constexpr TensorSpec kTensors[] = {\n";
     for (auto& t : g.tensors) {
         int64_t sh[4] = {0, 0, 0, 0};
         for (size_t i = 0; i < t.shape.size() && i < 4; ++i) sh[i] = t.shape[i];
-        o += fmt::format("    {{{}, {}, {{{}, {}, {}, {}}}, DType::{}, {}}},\n", cpp_string(t.name), t.shape.size(), sh[0],
+        o += fmt::format("    {{{}sv, {}, {{{}, {}, {}, {}}}, DType::{}, {}}},\n", cpp_string(t.name), t.shape.size(), sh[0],
                          sh[1], sh[2], sh[3], dtype_name(t.dtype), t.optional ? "true" : "false");
     }
     o += "};\n\n";

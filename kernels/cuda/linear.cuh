@@ -1,16 +1,18 @@
 // y[t][n] = sum_k x[t][k] * W[n][k] (+ bias[n]) (+ residual[t][n]), W in the checkpoint's [out, in]
 // layout (f32 / bf16 / f16), x and y float32, accumulation in float32.
 //
-// Two paths, chosen per launch by the number of rows:
-//  * up to 64 rows (decode): a GEMV that streams every weight row once with 16-byte loads, one warp
-//    (or KSPLIT warps, when N is too small to fill the GPU) per weight row, up to 8 rows of x at
-//    once (more rows: groups of 8 in adjacent blocks, whose repeated weight reads hit L2). A row's
-//    arithmetic never depends on the other rows, so decode batches up to 64 are batch-invariant. It can fold a preceding RMSNorm (x is normalized on the fly: y = inv_rms * (x*w_norm)W^T,
-//    the sum of squares accumulated in the same pass), a grouped launch of up to three matrices
-//    that read the same x (Q, K, V), and SwiGLU (silu(x Wg^T) * (x Wu^T)).
-//  * more rows (prefill, large batches): a tiled tensor-core GEMM for bf16 weights. x is split into
-//    two bf16 parts (hi + lo, exact to ~2^-17 relative) so the products keep float32-level accuracy
-//    on bf16 matrix units; other weight types take a plain float32 tiled GEMM.
+// Paths, chosen per launch by the number of token rows (docs/CUDA.md has the measurements):
+//  * 1-8 rows (bf16; any rows up to 64 for f32/f16 weights): a GEMV that streams every weight row
+//    once with 16-byte loads, one warp (or KSPLIT warps along K) per weight row, up to 8 rows of x
+//    at once. It can fold a preceding RMSNorm (x is normalized on the fly: y = inv_rms *
+//    (x*w_norm)W^T, the sum of squares accumulated in the same pass), a grouped launch of up to
+//    three matrices that read the same x (Q, K, V), and SwiGLU (silu(x Wg^T) * (x Wu^T)).
+//  * 9-32 rows, bf16: the MMA linear (tensor cores, weights as the A operand, x as bf16 hi + lo),
+//    with the same fusions.
+//  * from 33 rows, bf16: cuBLASLt (runtime/cuda/prefill_gemm.hpp), x again as hi + lo; our tiled
+//    tensor-core GEMM when cuBLASLt declines; other weight types take a plain float32 tiled GEMM.
+// Within each of the first two paths, and within cuBLASLt's decode range (up to 256 rows, one
+// algorithm per shape), a row's arithmetic never depends on the other rows of the launch.
 #pragma once
 
 #include <mma.h>
@@ -634,9 +636,10 @@ inline bool mma_linear_on() {
     static const bool on = !env_is("SCR_CUDA_LINEAR", "simt");
     return on;
 }
-// Token rows the MMA linear takes by default: 9..256. At 1..8 rows the float32 GEMV, whose many
-// small blocks keep more weight bytes in flight, is faster (docs/CUDA.md); above 256, cuBLASLt.
-// SCR_CUDA_LINEAR=mma sends 1..8 rows to the MMA linear too.
+// Token rows the MMA linear takes by default: from 9 up to cuBLASLt's threshold
+// (cuda_rt::cublas_min_rows(), 33). At 1..8 rows the float32 GEMV, whose many small blocks keep
+// more weight bytes in flight, is faster; from the threshold, cuBLASLt (docs/CUDA.md has the A/B
+// runs). SCR_CUDA_LINEAR=mma sends 1..8 rows to the MMA linear too.
 constexpr int kMmaMinRows = 9, kMmaMaxRows = 256;
 inline int mma_min_rows() {
     static const int n = env_is("SCR_CUDA_LINEAR", "mma") ? 1 : kMmaMinRows;
@@ -676,8 +679,10 @@ void linear_run(const Ctx& c, int rows, const float* x, LinearParams p, const Rm
     if (rows <= 0) return;
     p.rows = rows;
     p.n_total = NTOTAL;
+    // From cuda_rt::cublas_min_rows() rows on (prefill), bf16 linears go to cuBLASLt first.
+    const bool cublas_first = std::is_same_v<WT, bf16_t> && K % 16 == 0 && rows >= cuda_rt::cublas_min_rows();
     if constexpr (std::is_same_v<WT, bf16_t> && K % 32 == 0) {
-        bool whole_tiles = true;
+        bool whole_tiles = !cublas_first;
         // Every segment a whole number of the widest block (two 16-row tiles).
         for (int s = 0; s < p.nseg; ++s) whole_tiles = whole_tiles && p.seg[s].n % (2 * kMmaRows) == 0;
         if (whole_tiles && mma_linear_on() && rows >= mma_min_rows() && (rows <= kMmaMaxRows || mma_prefill_on())) {
@@ -688,7 +693,7 @@ void linear_run(const Ctx& c, int rows, const float* x, LinearParams p, const Rm
             return;
         }
     }
-    if (rows <= kGemvMaxRows) {
+    if (rows <= kGemvMaxRows && !cublas_first) {
         p.x = NORM ? norm.x : x;
         p.norm_w = norm.w;
         p.eps = norm.eps;

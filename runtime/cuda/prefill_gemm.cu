@@ -15,6 +15,10 @@ namespace scr::cuda_rt {
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+// Token rows from which linear.cuh hands a linear to cuBLASLt (SCR_CUDA_CUBLAS_MIN_ROWS overrides):
+// measured on the H200 (docs/CUDA.md), cuBLASLt beats the MMA linear from 64 decode rows up
+// (Llama-3.2-1B: 15.2k vs 14.2k tok/s at 64, 19.6k vs 18.1k at 256) and loses badly at 16 (4.3k vs 9.0k).
+constexpr int kDefaultMinRows = 33;
 
 __global__ void split_hi_lo_kernel(int64_t n, const float* __restrict__ x, __nv_bfloat16* __restrict__ hi, __nv_bfloat16* __restrict__ lo) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -22,20 +26,6 @@ __global__ void split_hi_lo_kernel(int64_t n, const float* __restrict__ x, __nv_
         const __nv_bfloat16 h = __float2bfloat16_rn(v);
         hi[i] = h;
         lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
-    }
-}
-
-// y[r][j] += bias[j]
-__global__ void add_bias_kernel(int64_t total, int n, const float* __restrict__ bias, float* __restrict__ y) {
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x)
-        y[i] += bias[i % n];
-}
-
-// y = silu(y) * u, as kernels/cuda/common.cuh's silu rounds it.
-__global__ void silu_mul_kernel(int64_t total, const float* __restrict__ u, float* __restrict__ y) {
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-        const float g = y[i];
-        y[i] = g * (1.0f / (1.0f + expf(-g))) * u[i];
     }
 }
 
@@ -54,21 +44,53 @@ bool capturing(cudaStream_t s) {
     return cudaStreamIsCapturing(s, &st) != cudaSuccess || st != cudaStreamCaptureStatusNone;
 }
 
-// One process-wide state: the handle, the scratch and a plan per (rows, n, k). The scratch only
-// grows, and only outside graph capture; the kernels of one stream use it in order.
+// y[r][j] = t[r][j] + t[rows + r][j] (+ bias[j]) (+ residual[r][j]): the hi and lo halves of one
+// stacked GEMM summed. residual may be y.
+__global__ void sum_halves_kernel(int64_t total, int n, const float* __restrict__ t, const float* __restrict__ bias,
+                                  const float* residual, float* y) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+        float v = t[i] + t[i + total];
+        if (bias) v += bias[i % n];
+        if (residual) v = residual[i] + v;
+        y[i] = v;
+    }
+}
+
+// y = silu(g_hi + g_lo) * (u_hi + u_lo)
+__global__ void swiglu_halves_kernel(int64_t total, const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ y) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+        const float gv = g[i] + g[i + total], uv = u[i] + u[i + total];
+        y[i] = gv * (1.0f / (1.0f + expf(-gv))) * uv;
+    }
+}
+
+// One process-wide state: the handle, the scratch, an algorithm per (n, k, regime) and matrix
+// layouts per (m, n, k). The scratch only grows, and only outside graph capture; the kernels of
+// one stream use it in order.
+//
+// x's hi and lo halves are stacked as one [2 rows][k] operand, so each GEMM reads the weights once:
+// T[2 rows][n] = [x_hi; x_lo] W^T, then y = T_hi + T_lo (+ bias, + residual) in one pass.
+// Decode-sized calls (up to kDecodeRows rows) all use the algorithm chosen for kDecodeRows rows, with
+// no split-K reduction, so a row's bits do not depend on how many rows share its step.
+constexpr int kDecodeRows = 256;
+
 struct State {
     std::mutex mu;
     cublasLtHandle_t handle = nullptr;
     bool broken = false;
     void* scratch = nullptr;
     size_t scratch_bytes = 0;
-    struct Plan {
-        cublasLtMatmulDesc_t op = nullptr;
-        cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    struct Algo {
         cublasLtMatmulAlgo_t algo{};
         bool ok = false;
     };
-    std::map<std::tuple<int, int, int>, Plan> plans;
+    struct Layouts {
+        cublasLtMatmulDesc_t op = nullptr;
+        cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+        bool ok = false;
+    };
+    std::map<std::tuple<int, int, int>, Algo> algos;      // (n, k, m or 0 for the decode algorithm)
+    std::map<std::tuple<int, int, int>, Layouts> layouts;  // (m, n, k)
 
     // Scratch of at least `bytes` past the workspace, or null (capturing, or out of memory).
     std::byte* need(cudaStream_t s, size_t bytes) {
@@ -90,9 +112,26 @@ struct State {
         return static_cast<std::byte*>(scratch);
     }
 
-    // y (column-major n x rows, ld n) = W (row-major n x k, i.e. column-major k x n, transposed)
-    // times x (row-major rows x k, i.e. column-major k x rows): D = op(A) B with A = W, op = T.
-    const Plan* plan(cudaStream_t s, int rows, int n, int k) {
+    // T (column-major n x m, ld n) = W (row-major n x k, i.e. column-major k x n, transposed) times
+    // X (row-major m x k, i.e. column-major k x m): D = op(A) B with A = W, op = T.
+    const Layouts* layout(int m, int n, int k) {
+        auto key = std::make_tuple(m, n, k);
+        auto it = layouts.find(key);
+        if (it != layouts.end()) return it->second.ok ? &it->second : nullptr;
+        Layouts l;
+        const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
+        l.ok = cublasLtMatmulDescCreate(&l.op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+               cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa) == CUBLAS_STATUS_SUCCESS &&
+               cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb) == CUBLAS_STATUS_SUCCESS &&
+               cublasLtMatrixLayoutCreate(&l.a, CUDA_R_16BF, k, n, k) == CUBLAS_STATUS_SUCCESS &&
+               cublasLtMatrixLayoutCreate(&l.b, CUDA_R_16BF, k, m, k) == CUBLAS_STATUS_SUCCESS &&
+               cublasLtMatrixLayoutCreate(&l.c, CUDA_R_32F, n, m, n) == CUBLAS_STATUS_SUCCESS;
+        return layouts.emplace(key, l).first->second.ok ? &layouts[key] : nullptr;
+    }
+
+    // The algorithm for (n, k): for decode-sized calls the one for kDecodeRows rows, with no split-K
+    // reduction; for larger calls the heuristic's first choice for that m.
+    const Algo* algo(cudaStream_t s, int rows, int n, int k) {
         if (!handle && !broken) {
             if (capturing(s) || cublasLtCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
                 handle = nullptr;
@@ -101,48 +140,43 @@ struct State {
             }
         }
         if (!handle) return nullptr;
-        auto key = std::make_tuple(rows, n, k);
-        auto it = plans.find(key);
-        if (it != plans.end()) return it->second.ok ? &it->second : nullptr;
-        if (capturing(s)) return nullptr;  // heuristics query outside capture only
-        Plan p;
-        const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
-        bool ok = cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
-                  cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa) == CUBLAS_STATUS_SUCCESS &&
-                  cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb) == CUBLAS_STATUS_SUCCESS &&
-                  cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, k, n, k) == CUBLAS_STATUS_SUCCESS &&
-                  cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k, rows, k) == CUBLAS_STATUS_SUCCESS &&
-                  cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, n, rows, n) == CUBLAS_STATUS_SUCCESS;
-        if (ok) {
+        const bool decode = rows <= kDecodeRows;
+        const int m = 2 * (decode ? kDecodeRows : rows);
+        auto key = std::make_tuple(n, k, decode ? 0 : m);
+        auto it = algos.find(key);
+        if (it != algos.end()) return it->second.ok ? &it->second : nullptr;
+        if (capturing(s)) return nullptr;  // heuristics are queried outside capture only
+        const Layouts* l = layout(m, n, k);
+        Algo a;
+        if (l) {
             cublasLtMatmulPreference_t pref = nullptr;
             cublasLtMatmulHeuristicResult_t result{};
             int found = 0;
             size_t ws = kWorkspaceBytes;
-            ok = cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
-                 cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) ==
-                     CUBLAS_STATUS_SUCCESS &&
-                 cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found) == CUBLAS_STATUS_SUCCESS &&
-                 found > 0;
+            const uint32_t no_split_k = CUBLASLT_REDUCTION_SCHEME_NONE;
+            a.ok = cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
+                   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) ==
+                       CUBLAS_STATUS_SUCCESS &&
+                   (!decode || cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_split_k,
+                                                                    sizeof no_split_k) == CUBLAS_STATUS_SUCCESS) &&
+                   cublasLtMatmulAlgoGetHeuristic(handle, l->op, l->a, l->b, l->c, l->c, pref, 1, &result, &found) ==
+                       CUBLAS_STATUS_SUCCESS &&
+                   found > 0;
             if (pref) cublasLtMatmulPreferenceDestroy(pref);
-            if (ok) p.algo = result.algo;
+            if (a.ok) a.algo = result.algo;
         }
-        p.ok = ok;
-        return plans.emplace(key, p).first->second.ok ? &plans[key] : nullptr;
+        return algos.emplace(key, a).first->second.ok ? &algos[key] : nullptr;
     }
 
-    // y = x W^T + (accumulate ? y : 0), x given as hi/lo bf16.
-    bool gemm_hilo(cudaStream_t s, const Plan& p, const __nv_bfloat16* hi, const __nv_bfloat16* lo, const void* w, const float* c_in,
-                   float* y) {
+    // T[2 rows][n] = [x_hi; x_lo] W^T. False (nothing written) when cuBLASLt declines.
+    bool gemm_stacked(cudaStream_t s, int rows, int n, int k, const __nv_bfloat16* x2, const void* w, float* t) {
+        const Algo* a = algo(s, rows, n, k);
+        if (!a) return false;
+        const Layouts* l = layout(2 * rows, n, k);  // host-side descriptors only: fine inside a capture
+        if (!l) return false;
         const float one = 1.0f, zero = 0.0f;
-        void* ws = scratch;
-        if (cublasLtMatmul(handle, p.op, &one, w, p.a, hi, p.b, c_in ? &one : &zero, c_in ? c_in : y, p.c, y, p.c, &p.algo, ws,
-                           kWorkspaceBytes, s) != CUBLAS_STATUS_SUCCESS)
-            return false;  // nothing written: the caller's own GEMM takes it
-        // y now holds part of the sum (and may be its own residual): no way back to the fallback.
-        if (cublasLtMatmul(handle, p.op, &one, w, p.a, lo, p.b, &one, y, p.c, y, p.c, &p.algo, ws, kWorkspaceBytes, s) !=
-            CUBLAS_STATUS_SUCCESS)
-            throw std::runtime_error("cuBLASLt: the second (lo) half of a prefill GEMM failed after the first succeeded");
-        return true;
+        return cublasLtMatmul(handle, l->op, &one, w, l->a, x2, l->b, &zero, t, l->c, t, l->c, &a->algo, scratch, kWorkspaceBytes, s) ==
+               CUBLAS_STATUS_SUCCESS;
     }
 };
 
@@ -151,39 +185,47 @@ State& state() {
     return s;
 }
 
+bool min_rows_ok(int rows) { return rows >= cublas_min_rows(); }
+
 }  // namespace
+
+int cublas_min_rows() {
+    static const int min_rows = [] {
+        const char* e = std::getenv("SCR_CUDA_CUBLAS_MIN_ROWS");
+        return e && std::atoi(e) > 0 ? std::atoi(e) : kDefaultMinRows;
+    }();
+    return min_rows;
+}
 
 bool prefill_linear_bf16(cudaStream_t stream, int rows, int n, int k, const float* x, const void* w, const float* bias,
                          const float* residual, float* y) {
-    if (!enabled() || rows <= 0) return false;
+    if (!enabled() || rows <= 0 || !min_rows_ok(rows)) return false;
     State& st = state();
     std::lock_guard lock(st.mu);
-    const size_t elems = size_t(rows) * k;
-    std::byte* scratch = st.need(stream, elems * 4);
-    const State::Plan* p = scratch ? st.plan(stream, rows, n, k) : nullptr;
-    if (!p) return false;
-    auto* hi = reinterpret_cast<__nv_bfloat16*>(scratch + kWorkspaceBytes);
-    auto* lo = hi + elems;
-    split_hi_lo_kernel<<<blocks_for(int64_t(elems)), 256, 0, stream>>>(int64_t(elems), x, hi, lo);
-    if (!st.gemm_hilo(stream, *p, hi, lo, w, residual, y)) return false;
-    if (bias) add_bias_kernel<<<blocks_for(int64_t(rows) * n), 256, 0, stream>>>(int64_t(rows) * n, n, bias, y);
+    const size_t elems = size_t(rows) * k, out = size_t(rows) * n;
+    std::byte* scratch = st.need(stream, elems * 4 + out * 8);
+    if (!scratch) return false;
+    auto* x2 = reinterpret_cast<__nv_bfloat16*>(scratch + kWorkspaceBytes);  // [2 rows][k]: hi, then lo
+    auto* t = reinterpret_cast<float*>(x2 + 2 * elems);                       // [2 rows][n]
+    split_hi_lo_kernel<<<blocks_for(int64_t(elems)), 256, 0, stream>>>(int64_t(elems), x, x2, x2 + elems);
+    if (!st.gemm_stacked(stream, rows, n, k, x2, w, t)) return false;  // y untouched: the caller's GEMM takes it
+    sum_halves_kernel<<<blocks_for(int64_t(out)), 256, 0, stream>>>(int64_t(out), n, t, bias, residual, y);
     return true;
 }
 
 bool prefill_swiglu_bf16(cudaStream_t stream, int rows, int n, int k, const float* x, const void* wg, const void* wu, float* y) {
-    if (!enabled() || rows <= 0) return false;
+    if (!enabled() || rows <= 0 || !min_rows_ok(rows)) return false;
     State& st = state();
     std::lock_guard lock(st.mu);
     const size_t elems = size_t(rows) * k, out = size_t(rows) * n;
-    std::byte* scratch = st.need(stream, elems * 4 + out * 4);
-    const State::Plan* p = scratch ? st.plan(stream, rows, n, k) : nullptr;
-    if (!p) return false;
-    auto* hi = reinterpret_cast<__nv_bfloat16*>(scratch + kWorkspaceBytes);
-    auto* lo = hi + elems;
-    auto* up = reinterpret_cast<float*>(lo + elems);
-    split_hi_lo_kernel<<<blocks_for(int64_t(elems)), 256, 0, stream>>>(int64_t(elems), x, hi, lo);
-    if (!st.gemm_hilo(stream, *p, hi, lo, wg, nullptr, y) || !st.gemm_hilo(stream, *p, hi, lo, wu, nullptr, up)) return false;
-    silu_mul_kernel<<<blocks_for(int64_t(out)), 256, 0, stream>>>(int64_t(out), up, y);
+    std::byte* scratch = st.need(stream, elems * 4 + out * 16);
+    if (!scratch) return false;
+    auto* x2 = reinterpret_cast<__nv_bfloat16*>(scratch + kWorkspaceBytes);
+    auto* g = reinterpret_cast<float*>(x2 + 2 * elems);
+    auto* u = g + 2 * out;
+    split_hi_lo_kernel<<<blocks_for(int64_t(elems)), 256, 0, stream>>>(int64_t(elems), x, x2, x2 + elems);
+    if (!st.gemm_stacked(stream, rows, n, k, x2, wg, g) || !st.gemm_stacked(stream, rows, n, k, x2, wu, u)) return false;
+    swiglu_halves_kernel<<<blocks_for(int64_t(out)), 256, 0, stream>>>(int64_t(out), g, u, y);
     return true;
 }
 

@@ -1,9 +1,10 @@
-// Prefill-sized bf16 linears on cuBLASLt (kernels/cuda/linear.cuh calls these above 64 rows).
+// Larger bf16 linears on cuBLASLt: decode batches from cublas_min_rows() rows and prefill
+// (kernels/cuda/linear.cuh calls these first from that many rows on).
 //
 // x stays float32 in the model; here it is split into two bf16 matrices, hi + lo (lo = x - hi,
-// exact to ~2^-17 relative), and y = x_hi W^T + x_lo W^T is two cuBLASLt bf16 GEMMs accumulating in
-// float32 (the second adds onto the first through beta = 1), so prefill keeps the float32-level
-// accuracy of the decode kernels at tensor-core speed. A residual enters as the first GEMM's C.
+// exact to ~2^-17 relative), stacked as one [2 rows][k] operand: one cuBLASLt bf16 GEMM with float32
+// accumulation reads the weights once, and a second pass adds the halves (and bias, residual, or
+// SwiGLU's silu(gate) * up), so prefill keeps the float32-level accuracy of the decode kernels.
 //
 // Each call returns false, having done nothing, when cuBLASLt cannot take it (no scratch yet while
 // a CUDA graph is being captured, a shape it has no algorithm for, SCR_CUDA_PREFILL set to another
@@ -14,6 +15,9 @@
 #include <cuda_runtime_api.h>
 
 namespace scr::cuda_rt {
+
+// Token rows from which linear.cuh hands bf16 linears to cuBLASLt (33, or SCR_CUDA_CUBLAS_MIN_ROWS).
+int cublas_min_rows();
 
 // y[rows][n] = x[rows][k] W^T (+ bias[n]) (+ residual[rows][n]); W bf16 [n][k]. residual may be y.
 bool prefill_linear_bf16(cudaStream_t stream, int rows, int n, int k, const float* x, const void* w, const float* bias,

@@ -32,11 +32,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 B="--prompt 128 --decode 128 --prefill 2048 --batches 16,64,256"
 [ -x $C/scr_cuda_linear ] && step linear 120 $C/scr_cuda_linear
 [ -x $C/scr_cuda_linear ] && step linear_prefill_mma 120 env SCR_CUDA_PREFILL=mma $C/scr_cuda_linear
+[ -x $C/scr_cuda_linear ] && step linear_cublas9 120 env SCR_CUDA_CUBLAS_MIN_ROWS=9 $C/scr_cuda_linear
 step make_random_1b 90 $C/scr make-random models/configs/llama/llama-3.2-1b.json /tmp/l1b --dtype bf16
 step bench_1b 120 $C/scr_cuda_bench /tmp/l1b $B
-step bench_1b_nopdl 120 env SCR_CUDA_PDL=0 $C/scr_cuda_bench /tmp/l1b $B
-step bench_1b_mma 120 env SCR_CUDA_LINEAR=mma $C/scr_cuda_bench /tmp/l1b $B
-step bench_1b_simt 120 env SCR_CUDA_LINEAR=simt SCR_CUDA_PDL=0 SCR_CUDA_PREFILL=wmma $C/scr_cuda_bench /tmp/l1b $B
+step bench_1b_cublas9 120 env SCR_CUDA_CUBLAS_MIN_ROWS=9 $C/scr_cuda_bench /tmp/l1b $B
+step bench_1b_cublas33 120 env SCR_CUDA_CUBLAS_MIN_ROWS=33 $C/scr_cuda_bench /tmp/l1b $B
 step fixtures_bf16 60 python3 tests/cuda/fixture_check.py $C/scr --quant bf16 --rtol 3e-2 tests/fixtures/LlamaForCausalLM tests/fixtures/Qwen3ForCausalLM tests/fixtures/long/LlamaForCausalLM
 [ -x $C/scr_cuda_tests ] && step gtest 120 $C/scr_cuda_tests
 # Per-kernel GPU time of decode steps (kernel replay, clocks as found): the 4th step's kernels.
@@ -46,7 +46,7 @@ cp "$LOGS/ncu_decode.txt" "$OUT/ncu_decode.csv" 2>/dev/null
 if [ "${2:-}" = 8b ]; then
     step make_random_8b 200 $C/scr make-random models/configs/llama/llama-3.1-8b.json /dev/shm/l8b --dtype bf16
     step bench_8b 180 $C/scr_cuda_bench /dev/shm/l8b --prompt 128 --decode 64 --prefill 2048 --batches 16,64
-    step bench_8b_mma 120 env SCR_CUDA_LINEAR=mma $C/scr_cuda_bench /dev/shm/l8b --prompt 128 --decode 64 --prefill 0 --batches 64
+    step bench_8b_cublas9 120 env SCR_CUDA_CUBLAS_MIN_ROWS=9 $C/scr_cuda_bench /dev/shm/l8b --prompt 128 --decode 16 --prefill 0 --batches 16,64
 fi
 echo; echo "==== summary"; printf '%s\n' "${summary[@]}"
 grep -h "batch-1\|of which\|^decode batch\|^prefill\|worst\|FAILED\|passed\|fixtures match\|rel_err" "$LOGS"/*.txt | head -80

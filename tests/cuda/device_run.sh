@@ -38,12 +38,19 @@ if [ "${2:-}" != quick ]; then
     [ -f /tmp/l1b/model.safetensors ] || step make_random_1b_py 120 python3 tools/make_random_model.py models/configs/llama/llama-3.2-1b.json /tmp/l1b
     step bench_1b 100 $C/scr_cuda_bench /tmp/l1b --prompt 128 --decode 128 --prefill 2048 --batches 16,64,256
 fi
-step gtest 90 $C/scr_cuda_tests
+step gtest 120 $C/scr_cuda_tests
+[ -x $C/scr_cuda_linear ] && step linear 120 $C/scr_cuda_linear
+[ -x $C/scr_cuda_sample ] && step sample 150 $C/scr_cuda_sample
+[ -x $C/scr_cuda_quant_gemv ] && step quant_gemv 150 $C/scr_cuda_quant_gemv
 [ "${2:-}" != quick ] && step compare_transformers_1b 100 python3 tests/cuda/compare_transformers.py $SCR /tmp/l1b
 step memcheck_moe 60 compute-sanitizer --tool memcheck --error-exitcode 9 $SCR complete $F/Qwen3MoeForCausalLM --quant bf16 --ids $IDS --max-tokens 4
 step memcheck_llama 60 compute-sanitizer --tool memcheck --error-exitcode 9 $SCR complete $F/long/LlamaForCausalLM --ids $IDS --max-tokens 4
+# 40 prompt tokens: the prefill goes through cuBLASLt (33+ rows), the decode through the GEMV.
+IDS40=$(seq -s, 1 40)
+step memcheck_llama_cublas 90 compute-sanitizer --tool memcheck --error-exitcode 9 $SCR complete $F/LlamaForCausalLM --quant bf16 --ids $IDS40 --max-tokens 4
 step fixtures_bf16 50 python3 tests/cuda/fixture_check.py $SCR --quant bf16 --rtol 3e-2 $F/LlamaForCausalLM $F/Qwen3ForCausalLM $F/Qwen3MoeForCausalLM
+[ -x $C/scr_cuda_sample ] && step racecheck_sample 120 compute-sanitizer --tool racecheck --error-exitcode 9 $C/scr_cuda_sample --quick --no-bench
 step initcheck_qwen3 60 compute-sanitizer --tool initcheck --error-exitcode 9 $SCR complete $F/Qwen3ForCausalLM --quant bf16 --ids $IDS --max-tokens 3
 echo; echo "==== summary"; printf '%s\n' "${summary[@]}"
-grep -h "fixtures match\|rel_err=.*->\|PASSED\|FAILED\|ERROR SUMMARY" "$LOGS"/*.txt | sort | uniq -c | head -30
+grep -h "fixtures match\|rel_err=.*->\|PASSED\|FAILED\|ERROR SUMMARY\|all .* passed\|checks passed" "$LOGS"/*.txt | sort | uniq -c | head -30
 grep -h "^model\|^ceilings\|^start-up\|^batch-1\|^decode batch\|^prefill\|^graphs\|^JSON" "$LOGS/bench_1b.txt" 2>/dev/null

@@ -1,5 +1,6 @@
 // scr_cuda_linear: the bf16 linear launches of kernels/cuda/linear.cuh on the GPU, at Llama-3.2-1B
-// layer shapes, in each of their regimes (1-8 rows: float32 GEMV; 9-256: MMA linear; more: cuBLASLt):
+// layer shapes, in each of their regimes (1-8 rows: float32 GEMV; 9-32: MMA linear; 33-256: cuBLASLt
+// with one algorithm per shape; more: cuBLASLt per size):
 //   * every output against a float64 host reference on random non-zero weights, activations, norm
 //     weights, biases and residuals, with the bound |y - ref| <= 2e-5 * sum_k |w_k x_k| + 1e-6
 //     (x enters the tensor cores as bf16 hi + lo, ~2^-17 relative; float32 accumulation);
@@ -35,8 +36,15 @@ void check_cuda(cudaError_t e, const char* what, int line) {
 #define CK(call) check_cuda((call), #call, __LINE__)
 
 constexpr int kMaxRows = 300;  // past the MMA regime's 256 rows: one cuBLASLt-sized launch
-constexpr int kRowCounts[] = {1, 5, 8, 9, 13, 33, 64, 100, kMaxRows};
-int regime(int rows) { return rows <= 8 ? 0 : (rows <= 256 ? 1 : 2); }
+constexpr int kRowCounts[] = {1, 5, 8, 9, 13, 32, 33, 64, 100, kMaxRows};
+// Regimes of linear.cuh: 1-8 rows GEMV; then the MMA linear; from cuda_rt::cublas_min_rows() the
+// cuBLASLt decode algorithm (fixed per shape); above 256 rows cuBLASLt per size (no invariance).
+int regime(int rows) {
+    const int cublas = scr::cuda_rt::cublas_min_rows();
+    if (rows <= 8) return 0;
+    if (rows < cublas && rows <= 256) return 1;
+    return rows <= 256 ? 2 : 3;
+}
 
 uint16_t to_bf16_bits(float f) {
     uint32_t u;
@@ -201,9 +209,9 @@ int check_case(const Case& cs, cudaStream_t st) {
             const float* same = nullptr;
             if (regime(rows) == 0) {
                 same = &alone[size_t(r) * cs.n_out];
-            } else if (regime(rows) == 1) {
+            } else if (regime(rows) == 1 || regime(rows) == 2) {
                 for (const auto& [n, o] : earlier)
-                    if (regime(n) == 1 && r < n) {
+                    if (regime(n) == regime(rows) && r < n) {
                         same = &o[size_t(r) * cs.n_out];
                         break;
                     }
