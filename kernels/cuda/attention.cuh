@@ -48,6 +48,41 @@ __host__ __device__ constexpr int attention_warps() {
     return w >= 16 ? 16 : (w < 1 ? 1 : w);
 }
 
+// Merges the warps' partial softmaxes (per head: running max m, sum l, weighted V rows acc; lane
+// holds head dims lane + 32 i) into the block's output o [G][D]. A sink is one more logit in the
+// softmax, with no value (sinks: the group's G logits, or null).
+template <int G, int D, int NW, int DPL>
+__device__ __forceinline__ void merge_warps(const float (&m)[G], const float (&l)[G], const float (&acc)[G][DPL], float (&sm_m)[NW][G],
+                                            float (&sm_l)[NW][G], float (&sm_acc)[NW][G][D], const float* sinks, float* o) {
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        if (lane == 0) {
+            sm_m[warp][h] = m[h];
+            sm_l[warp][h] = l[h];
+        }
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+            const int d = lane + i * kWarp;
+            if (d < D) sm_acc[warp][h][d] = acc[h][i];
+        }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+        const int h = idx / D, d = idx % D;
+        const float sink = sinks ? sinks[h] : -INFINITY;
+        float mx = sink;
+        for (int w = 0; w < NW; ++w) mx = fmaxf(mx, sm_m[w][h]);
+        float sum = sinks ? expf(sink - mx) : 0.0f, val = 0.0f;
+        for (int w = 0; w < NW; ++w) {
+            const float f = sm_l[w][h] > 0.0f ? expf(sm_m[w][h] - mx) : 0.0f;
+            sum += sm_l[w][h] * f;
+            val += sm_acc[w][h][d] * f;
+        }
+        o[idx] = val / sum;
+    }
+}
+
 template <int HQ, int HKV, int D, int BS, typename KVT>
 __global__ void __launch_bounds__(attention_warps<HQ / HKV, D>() * kWarp)
 attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const std::byte* __restrict__ kv, int64_t block_bytes,
@@ -139,34 +174,7 @@ attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const 
             }
         }
     }
-    // Merge the warps' partial softmaxes.
-#pragma unroll
-    for (int h = 0; h < G; ++h) {
-        if (lane == 0) {
-            sm_m[warp][h] = m[h];
-            sm_l[warp][h] = l[h];
-        }
-#pragma unroll
-        for (int i = 0; i < DPL; ++i) {
-            const int d = lane + i * kWarp;
-            if (d < D) sm_acc[warp][h][d] = acc[h][i];
-        }
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-        const int h = idx / D, d = idx % D;
-        // A sink is one more logit in the softmax, with no value.
-        const float sink = x.sinks ? x.sinks[g * G + h] : -INFINITY;
-        float mx = sink;
-        for (int w = 0; w < NW; ++w) mx = fmaxf(mx, sm_m[w][h]);
-        float sum = x.sinks ? expf(sink - mx) : 0.0f, val = 0.0f;
-        for (int w = 0; w < NW; ++w) {
-            const float f = sm_l[w][h] > 0.0f ? expf(sm_m[w][h] - mx) : 0.0f;
-            sum += sm_l[w][h] * f;
-            val += sm_acc[w][h][d] * f;
-        }
-        o[idx] = val / sum;
-    }
+    merge_warps<G, D, NW, DPL>(m, l, acc, sm_m, sm_l, sm_acc, x.sinks ? x.sinks + g * G : nullptr, o);
 }
 
 
@@ -278,32 +286,8 @@ attention_keys_kernel(int rows, const DevStep st, const float* __restrict__ q, c
         __syncwarp();
     }
 #pragma unroll
-    for (int h = 0; h < G; ++h) {
-        l[h] = warp_sum(l[h]);
-        if (lane == 0) {
-            sm_m[warp][h] = m[h];
-            sm_l[warp][h] = l[h];
-        }
-#pragma unroll
-        for (int i = 0; i < DPL; ++i) {
-            const int d = lane + i * kWarp;
-            if (d < D) sm_acc[warp][h][d] = acc[h][i];
-        }
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-        const int h = idx / D, d = idx % D;
-        const float sink = x.sinks ? x.sinks[g * G + h] : -INFINITY;
-        float mx = sink;
-        for (int w = 0; w < NW; ++w) mx = fmaxf(mx, sm_m[w][h]);
-        float sum = x.sinks ? expf(sink - mx) : 0.0f, val = 0.0f;
-        for (int w = 0; w < NW; ++w) {
-            const float f = sm_l[w][h] > 0.0f ? expf(sm_m[w][h] - mx) : 0.0f;
-            sum += sm_l[w][h] * f;
-            val += sm_acc[w][h][d] * f;
-        }
-        o[idx] = val / sum;
-    }
+    for (int h = 0; h < G; ++h) l[h] = warp_sum(l[h]);
+    merge_warps<G, D, NW, DPL>(m, l, acc, sm_m, sm_l, sm_acc, x.sinks ? x.sinks + g * G : nullptr, o);
 }
 
 }  // namespace detail

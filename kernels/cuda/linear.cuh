@@ -396,39 +396,26 @@ __global__ void __launch_bounds__(mma_warps(K) * kWarp) mma_linear_kernel(const 
         }
     }
     // Fixed tree over the warps: the upper half hands its partials to the lower half.
+    auto each_partial = [&](auto&& f) {  // every accumulator (then every sum of squares) with its slot
+        int v = 0;
+#pragma unroll
+        for (int a = 0; a < NA; ++a)
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int n = 0; n < TN; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) f(acc[a][m][n][e], v++);
+        if constexpr (NORM) {
+#pragma unroll
+            for (int n = 0; n < TN; ++n) f(ss[n], v++);
+        }
+    };
 #pragma unroll
     for (int half = NW / 2; half >= 1; half /= 2) {
-        if (warp >= half && warp < 2 * half) {
-            int v = 0;
-#pragma unroll
-            for (int a = 0; a < NA; ++a)
-#pragma unroll
-                for (int m = 0; m < MT; ++m)
-#pragma unroll
-                    for (int n = 0; n < TN; ++n)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) red[warp - half][v++][lane] = acc[a][m][n][e];
-            if constexpr (NORM) {
-#pragma unroll
-                for (int n = 0; n < TN; ++n) red[warp - half][v++][lane] = ss[n];
-            }
-        }
+        if (warp >= half && warp < 2 * half) each_partial([&](float& p, int v) { red[warp - half][v][lane] = p; });
         __syncthreads();
-        if (warp < half) {
-            int v = 0;
-#pragma unroll
-            for (int a = 0; a < NA; ++a)
-#pragma unroll
-                for (int m = 0; m < MT; ++m)
-#pragma unroll
-                    for (int n = 0; n < TN; ++n)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) acc[a][m][n][e] += red[warp][v++][lane];
-            if constexpr (NORM) {
-#pragma unroll
-                for (int n = 0; n < TN; ++n) ss[n] += red[warp][v++][lane];
-            }
-        }
+        if (warp < half) each_partial([&](float& p, int v) { p += red[warp][v][lane]; });
         __syncthreads();
     }
     if (warp != 0) return;
