@@ -12,6 +12,7 @@
 
 #include "runtime/core/error.hpp"
 #include "runtime/core/thread_pool.hpp"
+#include "runtime/cuda/startup.hpp"
 #include "runtime/weights/weight_set.hpp"
 #include "kernels/cuda/sample.hpp"
 
@@ -95,78 +96,24 @@ CudaGeneratedModel::CudaGeneratedModel(const ModelInfo& info, const WeightSet& w
     : GeneratedModel(info, weights, pool, 0), impl_(std::make_unique<Impl>()) {
     Impl& m = *impl_;
     int devices = 0;
+
+    // ---- Weights (runtime/cuda/startup.cpp): while the device is still opening in the background,
+    // fault the mapped weights in; then one allocation, uploaded through pinned staging buffers.
+    m.stats.prefaulted_bytes = int64_t(cuda_startup::prefault_while_opening(info, weights, pool));
+    const auto t_wait = std::chrono::steady_clock::now();
+    cuda_startup::wait_device_open();
+    m.stats.device_wait_seconds = seconds_since(t_wait);
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 1)
         fail("model {} is compiled for CUDA, but no CUDA device is available", info.stem);
     SCR_CUDA(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
-
-    // ---- Weights: one device allocation, each tensor 256-byte aligned, uploaded through two
-    // pinned staging buffers so the host copy of one chunk overlaps the DMA of the other.
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<size_t> offsets(info.tensors.size()), sizes(info.tensors.size());
-    size_t total = 0;
-    for (size_t i = 0; i < info.tensors.size(); ++i) {
-        const TensorSpec& t = info.tensors[i];
-        size_t n = size_t(dtype_bytes(t.dtype));
-        for (int d = 0; d < t.rank; ++d) n *= size_t(t.shape[d]);
-        sizes[i] = weights.data(i) ? n : 0;
-        offsets[i] = total;
-        total += align_up(sizes[i]);
-    }
-    SCR_CUDA(cudaMalloc(&m.weights, std::max<size_t>(total, kAlign)));
-    constexpr size_t kStage = size_t(64) << 20;
-    void* stage[2] = {nullptr, nullptr};
-    cudaEvent_t done[2];
-    for (int k = 0; k < 2; ++k) {
-        SCR_CUDA(cudaMallocHost(&stage[k], kStage));
-        SCR_CUDA(cudaEventCreateWithFlags(&done[k], cudaEventDisableTiming));
-    }
-    int which = 0;
-    size_t filled = 0;
-    std::byte* dev_base = static_cast<std::byte*>(m.weights);
-    size_t stage_dev_start = 0;  // device offset of the staged bytes
-    auto flush = [&]() {
-        if (filled == 0) return;
-        SCR_CUDA(cudaMemcpyAsync(dev_base + stage_dev_start, stage[which], filled, cudaMemcpyHostToDevice, m.stream));
-        SCR_CUDA(cudaEventRecord(done[which], m.stream));
-        which ^= 1;
-        SCR_CUDA(cudaEventSynchronize(done[which]));  // the other buffer's last copy is done
-        filled = 0;
-    };
-    // The staged bytes mirror a contiguous device range, padding included.
-    for (size_t i = 0; i < info.tensors.size(); ++i) {
-        if (sizes[i] == 0) continue;
-        const std::byte* src = static_cast<const std::byte*>(weights.data(i));
-        size_t done_bytes = 0;
-        while (done_bytes < sizes[i]) {
-            const size_t dev_at = offsets[i] + done_bytes;
-            if (filled > 0 && stage_dev_start + filled != dev_at) {
-                // Skip the alignment gap by flushing when it would not fit contiguously.
-                if (dev_at - stage_dev_start >= kStage) flush();
-                else filled = dev_at - stage_dev_start;
-            }
-            if (filled == 0) stage_dev_start = dev_at;
-            const size_t n = std::min(kStage - filled, sizes[i] - done_bytes);
-            std::byte* dst = static_cast<std::byte*>(stage[which]) + filled;
-            pool.parallel_for(int64_t(n), [&](int64_t b, int64_t e, int) { std::memcpy(dst + b, src + done_bytes + b, size_t(e - b)); },
-                              int64_t(1) << 20);
-            filled += n;
-            done_bytes += n;
-            if (filled == kStage) flush();
-        }
-    }
-    flush();
-    SCR_CUDA(cudaStreamSynchronize(m.stream));
-    for (int k = 0; k < 2; ++k) {
-        cudaFreeHost(stage[k]);
-        cudaEventDestroy(done[k]);
-    }
-    dev_weights_.resize(info.tensors.size());
-    for (size_t i = 0; i < info.tensors.size(); ++i) dev_weights_[i] = sizes[i] ? dev_base + offsets[i] : nullptr;
+    cuda_startup::DeviceWeights uploaded = cuda_startup::upload_weights(info, weights, pool, m.stream);
+    m.weights = uploaded.base;
+    dev_weights_ = std::move(uploaded.tensors);
     SCR_CUDA(cudaMalloc(&m.table, std::max<size_t>(1, dev_weights_.size()) * sizeof(void*)));
     SCR_CUDA(cudaMemcpy(m.table, dev_weights_.data(), dev_weights_.size() * sizeof(void*), cudaMemcpyHostToDevice));
     dev_weight_table_ = static_cast<const void* const*>(m.table);
-    m.stats.upload_seconds = seconds_since(t0);
-    m.stats.upload_bytes = int64_t(total);
+    m.stats.upload_seconds = uploaded.seconds;
+    m.stats.upload_bytes = int64_t(uploaded.bytes);
 
     // ---- Scratch, MoE workspace, logits.
     SCR_CUDA(cudaMalloc(&m.scratch, std::max<size_t>(size_t(scratch_floats) * 4, kAlign)));
@@ -321,6 +268,7 @@ void CudaGeneratedModel::forward(const StepBatch& b, KvPool& kv, float* logits) 
     ctx.stream = m.stream;
     ctx.step = m.step;
     ctx.pdl = m.pdl;
+    ctx.one_token_per_seq = T == S;
     if (m.timing) SCR_CUDA(cudaEventRecord(m.t_begin, m.stream));
     if (decode) {
         auto it = m.graphs.find(rows);

@@ -70,9 +70,23 @@ __global__ void swiglu_halves_kernel(int64_t total, const float* __restrict__ g,
 //
 // x's hi and lo halves are stacked as one [2 rows][k] operand, so each GEMM reads the weights once:
 // T[2 rows][n] = [x_hi; x_lo] W^T, then y = T_hi + T_lo (+ bias, + residual) in one pass.
-// Decode-sized calls (up to kDecodeRows rows) all use the algorithm chosen for kDecodeRows rows, with
-// no split-K reduction, so a row's bits do not depend on how many rows share its step.
+// Decode-sized calls (up to kDecodeRows rows) come in two buckets, each served by one algorithm per
+// shape: up to kSmallDecodeRows rows the heuristic's choice for kSmallDecodeRows rows, above it the
+// one for kDecodeRows rows. Both may split K (a split count fixed by the algorithm, reduced in a fixed
+// order, never in place): with one algorithm per bucket a row's bits do not depend on how many rows
+// share its step (tests/cuda/linear_test.cu checks it). One algorithm tuned for 256 rows without
+// split-K, as before, left B = 64 on 16-32 tiles for the narrow shapes (N = 4096: a quarter of the
+// H200's SMs); SCR_CUDA_CUBLAS_DECODE=single brings that back for A/B runs.
 constexpr int kDecodeRows = 256;
+constexpr int kSmallDecodeRows = 64;
+
+bool single_decode_algo() {
+    static const bool single = [] {
+        const char* e = std::getenv("SCR_CUDA_CUBLAS_DECODE");
+        return e && std::strcmp(e, "single") == 0;
+    }();
+    return single;
+}
 
 struct State {
     std::mutex mu;
@@ -129,8 +143,8 @@ struct State {
         return layouts.emplace(key, l).first->second.ok ? &layouts[key] : nullptr;
     }
 
-    // The algorithm for (n, k): for decode-sized calls the one for kDecodeRows rows, with no split-K
-    // reduction; for larger calls the heuristic's first choice for that m.
+    // The algorithm for (n, k) and a call of `rows` rows: one per decode bucket (above), or the
+    // heuristic's first choice for that m for larger calls.
     const Algo* algo(cudaStream_t s, int rows, int n, int k) {
         if (!handle && !broken) {
             if (capturing(s) || cublasLtCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
@@ -140,9 +154,11 @@ struct State {
             }
         }
         if (!handle) return nullptr;
-        const bool decode = rows <= kDecodeRows;
-        const int m = 2 * (decode ? kDecodeRows : rows);
-        auto key = std::make_tuple(n, k, decode ? 0 : m);
+        const int bucket = cublas_decode_bucket(rows);
+        const bool decode = bucket >= 0;
+        const int tuned_rows = bucket == 0 ? kSmallDecodeRows : kDecodeRows;
+        const int m = 2 * (decode ? tuned_rows : rows);
+        auto key = std::make_tuple(n, k, decode ? -1 - bucket : m);
         auto it = algos.find(key);
         if (it != algos.end()) return it->second.ok ? &it->second : nullptr;
         if (capturing(s)) return nullptr;  // heuristics are queried outside capture only
@@ -153,12 +169,14 @@ struct State {
             cublasLtMatmulHeuristicResult_t result{};
             int found = 0;
             size_t ws = kWorkspaceBytes;
-            const uint32_t no_split_k = CUBLASLT_REDUCTION_SCHEME_NONE;
+            const uint32_t fixed_order = single_decode_algo() ? uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE)
+                                                              : uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE |
+                                                                         CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE);
             a.ok = cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
                    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) ==
                        CUBLAS_STATUS_SUCCESS &&
-                   (!decode || cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &no_split_k,
-                                                                    sizeof no_split_k) == CUBLAS_STATUS_SUCCESS) &&
+                   (!decode || cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &fixed_order,
+                                                                    sizeof fixed_order) == CUBLAS_STATUS_SUCCESS) &&
                    cublasLtMatmulAlgoGetHeuristic(handle, l->op, l->a, l->b, l->c, l->c, pref, 1, &result, &found) ==
                        CUBLAS_STATUS_SUCCESS &&
                    found > 0;
@@ -188,6 +206,11 @@ State& state() {
 bool min_rows_ok(int rows) { return rows >= cublas_min_rows(); }
 
 }  // namespace
+
+int cublas_decode_bucket(int rows) {
+    if (rows < cublas_min_rows() || rows > kDecodeRows) return -1;
+    return single_decode_algo() || rows > kSmallDecodeRows ? 1 : 0;
+}
 
 int cublas_min_rows() {
     static const int min_rows = [] {

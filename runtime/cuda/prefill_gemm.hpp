@@ -19,6 +19,11 @@ namespace scr::cuda_rt {
 // Token rows from which linear.cuh hands bf16 linears to cuBLASLt (33, or SCR_CUDA_CUBLAS_MIN_ROWS).
 int cublas_min_rows();
 
+// Which decode bucket a call of `rows` rows falls in: 0 (up to 64 rows) or 1 (65-256), each with one
+// algorithm per shape, so results are batch-invariant inside a bucket; -1 when cuBLASLt does not
+// take the call as decode (fewer than cublas_min_rows() rows, or a prefill above 256).
+int cublas_decode_bucket(int rows);
+
 // y[rows][n] = x[rows][k] W^T (+ bias[n]) (+ residual[rows][n]); W bf16 [n][k]. residual may be y.
 bool prefill_linear_bf16(cudaStream_t stream, int rows, int n, int k, const float* x, const void* w, const float* bias,
                          const float* residual, float* y);

@@ -8,6 +8,7 @@
 
 #include "runtime/core/error.hpp"
 #include "runtime/core/thread_pool.hpp"
+#include "runtime/model/device_open.hpp"
 #include "runtime/model/quant_match.hpp"
 #include "runtime/weights/hf_cache.hpp"
 #include "runtime/text/chat_template.hpp"
@@ -139,12 +140,9 @@ LoadedModel load_model(const std::string& arg, const LoadOptions& options) {
     if (!lm.config.is_object()) fail("{}: config.json must be a JSON object", cfg.string());
     lm.entry = &select_specialization(lm.config, cfg.string(), options.quant);
     if (options.threads > 0) ThreadPool::set_default_threads(options.threads);
-    auto checkpoint = Checkpoint::open(lm.dir);
-    // The huge-page copy speeds up CPU kernels streaming the weights; another target uploads them
-    // once from the mapping, and a copy first would only double the start-up time.
-    const bool huge_pages = options.huge_pages && lm.entry->info->target == "cpu";
-    lm.weights = std::make_unique<WeightSet>(lm.entry->info->tensors, checkpoint, lm.entry->info->stem, huge_pages);
-    lm.model = lm.entry->create(*lm.weights, ThreadPool::global());
+    // An accelerator opens in the background from here (device_open.hpp) while the host work below
+    // runs: the text files first, then mapping and checking the weights.
+    DeviceOpenGuard device(lm.entry->info->target);
     if (fs::exists(lm.dir / "generation_config.json"))
         lm.generation_config = read_json_file(lm.dir / "generation_config.json", "generation_config.json");
     if (options.load_text && fs::exists(lm.dir / "tokenizer.json")) {
@@ -157,6 +155,12 @@ LoadedModel load_model(const std::string& arg, const LoadOptions& options) {
             }
         }
     }
+    auto checkpoint = Checkpoint::open(lm.dir);
+    // The huge-page copy speeds up CPU kernels streaming the weights; another target uploads them
+    // once from the mapping, and a copy first would only double the start-up time.
+    const bool huge_pages = options.huge_pages && lm.entry->info->target == "cpu";
+    lm.weights = std::make_unique<WeightSet>(lm.entry->info->tensors, checkpoint, lm.entry->info->stem, huge_pages);
+    lm.model = lm.entry->create(*lm.weights, ThreadPool::global());
     lm.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return lm;
 }

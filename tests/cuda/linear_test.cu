@@ -1,5 +1,5 @@
-// scr_cuda_linear: the bf16 linear launches of kernels/cuda/linear.cuh on the GPU, at Llama-3.2-1B
-// layer shapes, in each of their regimes (1-8 rows: float32 GEMV; 9-32: MMA linear; 33-256: cuBLASLt
+// scr_cuda_linear: the bf16 linear launches of kernels/cuda/linear.cuh on the GPU, at Llama-3.2-1B (and one 8B)
+// layer shapes, in each of their regimes (1-8 rows: float32 GEMV; 9-32: MMA linear; 33-64, 65-256: cuBLASLt
 // with one algorithm per shape; more: cuBLASLt per size):
 //   * every output against a float64 host reference on random non-zero weights, activations, norm
 //     weights, biases and residuals, with the bound |y - ref| <= 2e-5 * sum_k |w_k x_k| + 1e-6
@@ -36,14 +36,16 @@ void check_cuda(cudaError_t e, const char* what, int line) {
 #define CK(call) check_cuda((call), #call, __LINE__)
 
 constexpr int kMaxRows = 300;  // past the MMA regime's 256 rows: one cuBLASLt-sized launch
-constexpr int kRowCounts[] = {1, 5, 8, 9, 13, 32, 33, 64, 100, kMaxRows};
+constexpr int kRowCounts[] = {1, 5, 8, 9, 13, 32, 33, 64, 100, 200, kMaxRows};
 // Regimes of linear.cuh: 1-8 rows GEMV; then the MMA linear; from cuda_rt::cublas_min_rows() the
-// cuBLASLt decode algorithm (fixed per shape); above 256 rows cuBLASLt per size (no invariance).
+// cuBLASLt decode buckets (one algorithm per shape and bucket: up to 64 rows, 65-256); above 256
+// rows cuBLASLt per size (no invariance).
 int regime(int rows) {
     const int cublas = scr::cuda_rt::cublas_min_rows();
     if (rows <= 8) return 0;
     if (rows < cublas && rows <= 256) return 1;
-    return rows <= 256 ? 2 : 3;
+    const int bucket = scr::cuda_rt::cublas_decode_bucket(rows);
+    return bucket >= 0 ? 2 + bucket : 4;
 }
 
 uint16_t to_bf16_bits(float f) {
@@ -94,6 +96,8 @@ void run_case(const Case& cs, const Ctx& c, int rows, const Dev& d) {
         linear_swiglu<8192, 2048, bf16_t>(c, rows, xbuf, d.w, d.wu, d.y[0], norm);
     } else if (cs.k == 8192) {
         linear<2048, 8192, bf16_t>(c, rows, d.x, d.w, d.bias, d.res, d.y[0]);
+    } else if (cs.k == 14336) {
+        linear<4096, 14336, bf16_t>(c, rows, d.x, d.w, d.bias, d.res, d.y[0]);
     } else {
         linear<2048, 2048, bf16_t>(c, rows, d.x, d.w, d.bias, d.res, d.y[0]);
     }
@@ -209,7 +213,7 @@ int check_case(const Case& cs, cudaStream_t st) {
             const float* same = nullptr;
             if (regime(rows) == 0) {
                 same = &alone[size_t(r) * cs.n_out];
-            } else if (regime(rows) == 1 || regime(rows) == 2) {
+            } else if (regime(rows) >= 1 && regime(rows) <= 3) {
                 for (const auto& [n, o] : earlier)
                     if (regime(n) == regime(rows) && r < n) {
                         same = &o[size_t(r) * cs.n_out];
@@ -246,6 +250,7 @@ int main() try {
     const Case cases[] = {
         {"2048x2048 +bias +residual", 2048, 2048, false, false, true, 1},
         {"2048x8192 +bias +residual", 2048, 8192, false, false, true, 1},
+        {"4096x14336 +bias +residual (8B down)", 4096, 14336, false, false, true, 1},
         {"QKV 3072x2048 grouped +norm", 3072, 2048, true, false, false, 3},
         {"SwiGLU 8192x2048 +norm", 8192, 2048, true, true, false, 1},
     };

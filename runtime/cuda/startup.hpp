@@ -1,0 +1,43 @@
+// Start-up of a CUDA specialization: opening the device in the background (registered with
+// runtime/model/device_open.hpp, so load_model starts it before the weights are mapped) and the
+// weight upload (one device allocation, pinned staging buffers filled by every host thread while
+// the previous ones are on the copy engine).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "runtime/model/compiled_model.hpp"
+
+namespace scr {
+
+class ThreadPool;
+class WeightSet;
+
+namespace cuda_startup {
+
+// Waits for the background device opening, if one was started (load_model starts it); returns at
+// once otherwise. The CUDA model calls it before its first CUDA call.
+void wait_device_open();
+// True while the background opening is still running.
+bool device_opening();
+
+// Until the device is open (and at most once over the tensors), faults the weights' host pages in
+// from all threads (madvise(MADV_POPULATE_READ), reading from disk if the file is not cached), so the
+// upload then copies from mapped memory at memory speed. Returns the bytes it covered.
+size_t prefault_while_opening(const ModelInfo& info, const WeightSet& weights, ThreadPool& pool);
+
+struct DeviceWeights {
+    void* base = nullptr;           // one cudaMalloc; the caller frees it
+    std::vector<const void*> tensors;  // per tensor of info.tensors, null when absent
+    size_t bytes = 0;               // allocated, alignment padding included
+    double seconds = 0;
+};
+
+// Uploads every present tensor, each at a 256-byte aligned offset, and waits until it is done.
+DeviceWeights upload_weights(const ModelInfo& info, const WeightSet& weights, ThreadPool& pool, cudaStream_t stream);
+
+}  // namespace cuda_startup
+}  // namespace scr
