@@ -32,6 +32,9 @@ struct Ctx {
     cudaStream_t stream = nullptr;
     DevStep step;
     bool pdl = false;  // launch kernels as programmatic dependents (kernels/cuda/common.cuh: launch)
+    // Every sequence of the step has exactly one token (decode): a token's new K/V row is then read
+    // by its own attention block only, so RoPE + KV append can run inside the attention launch.
+    bool one_token_per_seq = false;
 };
 
 }  // namespace scr::kernels::cuda
