@@ -346,6 +346,17 @@ private:
                 if (extra("softcap") != 0 || extra("window") != 0 || sinks)
                     extras = fmt::format(", k::AttnExtras{{{}, {}, {}}}", float_literal(extra("softcap")), int64_t(extra("window")),
                                          sinks ? W(op, 0) : std::string("nullptr"));
+                const ir::Op& r = g_.ops[index > 0 ? index - 1 : 0];
+                // One call where rotated Q feeds nothing else and the output overlaps none of
+                // RoPE's inputs (the single decode launch reads them while other blocks write):
+                // rope_append + attention, or one launch for decode steps (kernels/cuda/attention.cuh).
+                if (rope_fused_[index] && readers_[r.out[0]] == std::set<int>{index} && !overlap(o0, r.in[0]) && !overlap(o0, r.in[1]) &&
+                    !overlap(o0, in[2])) {
+                    return fmt::format("k::rope_attention<{}, {}, {}, {}, {}, {}>(c, {}, {}, {}, {}, {}, {}, kv, {}, {}, {}{});",
+                                       attr(r, "q_heads"), attr(r, "k_heads"), attr(r, "head_dim"), attr(r, "rotary_dim"),
+                                       b_.params.block_size, kvt, rows(r.in[0]), ptr(r.in[0]), ptr(r.in[1]), ptr(in[2]), ptr(r.out[0]),
+                                       rope_table_.at(r.table), kvslot(op), float_literal(op.attr.at("scale")), ptr(o0), extras);
+                }
                 return first + "\n" + indent_ +
                        fmt::format("k::attention<{}, {}, {}, {}, {}>(c, {}, {}, kv, {}, {}, {}{});", attr(op, "q_heads"), attr(op, "kv_heads"),
                                    attr(op, "head_dim"), b_.params.block_size, kvt, rows(in[0]), ptr(in[0]), kvslot(op),

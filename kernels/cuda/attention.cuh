@@ -7,8 +7,10 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/elementwise.cuh"
 
 namespace scr::kernels::cuda {
 
@@ -83,30 +85,20 @@ __device__ __forceinline__ void merge_warps(const float (&m)[G], const float (&l
     }
 }
 
+// One block's work for token t and kv head g: its warps walk the visible KV blocks with an online
+// softmax each (keys in groups of 8, all loads of a group issued first), then merge into o [G][D].
+// qg: the group's G query heads, rotated (global or shared memory).
 template <int HQ, int HKV, int D, int BS, typename KVT>
-__global__ void __launch_bounds__(attention_warps<HQ / HKV, D>() * kWarp)
-attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const std::byte* __restrict__ kv, int64_t block_bytes,
-                 int64_t k_off, int64_t v_off, float scale, const AttnExtras x, float* __restrict__ out) {
+__device__ __forceinline__ void attend_group(int g, int ctx, int first, const int32_t* table, const float* qg, const std::byte* kv,
+                                             int64_t block_bytes, int64_t k_off, int64_t v_off, float scale, const AttnExtras& x,
+                                             float* o) {
     constexpr int G = HQ / HKV;
     constexpr int NW = attention_warps<G, D>();
     constexpr int DPL = (D + kWarp - 1) / kWarp;  // head dims per lane
     static_assert(G * D <= 8192, "grouped heads x head_dim too large for one thread block's merge buffer");
     __shared__ float sm_m[NW][G], sm_l[NW][G];
     __shared__ float sm_acc[NW][G][D];
-
-    pdl_wait();
-    pdl_trigger();
-    const int t = blockIdx.x, g = blockIdx.y;
     const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-    if (t >= rows) return;
-    float* o = out + (size_t(t) * HQ + size_t(g) * G) * D;
-    if (t >= st.header[kHeaderTokens]) {  // graph padding: a defined output, no reads
-        for (int i = threadIdx.x; i < G * D; i += blockDim.x) o[i] = 0.0f;
-        return;
-    }
-    const int ctx = st.positions[t] + 1;
-    const int first = x.window > 0 ? max(0, ctx - x.window) : 0;  // oldest visible position
-    const int32_t* table = st.block_tables + size_t(st.seq_of_token[t]) * st.header[kHeaderTableStride];
 
     float qr[G][DPL], acc[G][DPL], m[G], l[G];
 #pragma unroll
@@ -116,7 +108,7 @@ attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const 
 #pragma unroll
         for (int i = 0; i < DPL; ++i) {
             const int d = lane + i * kWarp;
-            qr[h][i] = d < D ? q[(size_t(t) * HQ + size_t(g) * G + h) * D + d] : 0.0f;
+            qr[h][i] = d < D ? qg[h * D + d] : 0.0f;
             acc[h][i] = 0.0f;
         }
     }
@@ -177,6 +169,105 @@ attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const 
     merge_warps<G, D, NW, DPL>(m, l, acc, sm_m, sm_l, sm_acc, x.sinks ? x.sinks + g * G : nullptr, o);
 }
 
+template <int HQ, int HKV, int D, int BS, typename KVT>
+__global__ void __launch_bounds__(attention_warps<HQ / HKV, D>() * kWarp)
+attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const std::byte* __restrict__ kv, int64_t block_bytes,
+                 int64_t k_off, int64_t v_off, float scale, const AttnExtras x, float* __restrict__ out) {
+    constexpr int G = HQ / HKV;
+    pdl_wait();
+    pdl_trigger();
+    const int t = blockIdx.x, g = blockIdx.y;
+    if (t >= rows) return;
+    float* o = out + (size_t(t) * HQ + size_t(g) * G) * D;
+    if (t >= st.header[kHeaderTokens]) {  // graph padding: a defined output, no reads
+        for (int i = threadIdx.x; i < G * D; i += blockDim.x) o[i] = 0.0f;
+        return;
+    }
+    const int ctx = st.positions[t] + 1;
+    const int first = x.window > 0 ? max(0, ctx - x.window) : 0;  // oldest visible position
+    const int32_t* table = st.block_tables + size_t(st.seq_of_token[t]) * st.header[kHeaderTableStride];
+    attend_group<HQ, HKV, D, BS, KVT>(g, ctx, first, table, q + (size_t(t) * HQ + size_t(g) * G) * D, kv, block_bytes, k_off, v_off,
+                                      scale, x, o);
+}
+
+
+// Decode attention with RoPE and the KV append folded in, for steps where every sequence has one
+// token (Ctx::one_token_per_seq): then only this block reads its token's new K/V row, so nothing
+// has to reach memory before the attention starts. The block rotates its G query heads and its key
+// head exactly as rope_kernel does, writes K and V to the slot, and takes the current key from
+// shared memory (rounded to the cache type, as the cache holds it); earlier positions come from
+// the cache, which kernels of earlier steps wrote, so this warp's KV blocks are prefetched into L2
+// before pdl_wait(). Same keys, same order, same arithmetic as rope_append + attention_kernel.
+template <int HQ, int HKV, int D, int ROT, int BS, typename KVT>
+__global__ void __launch_bounds__(attention_warps<HQ / HKV, D>() * kWarp)
+rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                      const __grid_constant__ RopeFreqs<ROT / 2> f, std::byte* kv, int64_t block_bytes, int64_t k_off, int64_t v_off,
+                      float scale, const AttnExtras x, float* __restrict__ out) {
+    constexpr int G = HQ / HKV;
+    constexpr int NW = attention_warps<G, D>();
+    constexpr int kHalf = ROT / 2;
+    __shared__ float sm_q[G + 1][D];  // this token's G query heads, then its key head (rotated)
+    __shared__ float sm_v[D];
+
+    pdl_trigger();
+    const int t = blockIdx.x, g = blockIdx.y;
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    if (t >= rows) return;
+    // The step arrays were copied before the step's first kernel: readable before pdl_wait().
+    const bool padding = t >= st.header[kHeaderTokens];
+    const int ctx = st.positions[t] + 1;
+    const int first = x.window > 0 ? max(0, ctx - x.window) : 0;  // oldest visible position
+    const int32_t* table = st.block_tables + size_t(st.seq_of_token[t]) * st.header[kHeaderTableStride];
+    const int nblocks = (ctx + BS - 1) / BS;
+    if (!padding) {
+        constexpr int kRowBytes = BS * D * int(sizeof(KVT));
+        for (int blk = first / BS + warp; blk < nblocks; blk += NW) {
+            const std::byte* base = kv + int64_t(table[blk]) * block_bytes + size_t(g) * kRowBytes;
+            for (int off = lane * 32; off < kRowBytes; off += kWarp * 32) {
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(base + k_off + off));
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(base + v_off + off));
+            }
+        }
+    }
+    pdl_wait();
+    float* o = out + (size_t(t) * HQ + size_t(g) * G) * D;
+    if (padding) {  // graph padding: a defined output, no reads, no KV write
+        for (int i = threadIdx.x; i < G * D; i += blockDim.x) o[i] = 0.0f;
+        return;
+    }
+    for (int i = threadIdx.x; i < G * D; i += blockDim.x) sm_q[i / D][i % D] = q[(size_t(t) * HQ + size_t(g) * G) * D + i];
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        sm_q[G][i] = k[(size_t(t) * HKV + g) * D + i];
+        sm_v[i] = v[(size_t(t) * HKV + g) * D + i];
+    }
+    __syncthreads();
+    const float pos = float(ctx - 1);
+    for (int w = threadIdx.x; w < (G + 1) * kHalf; w += blockDim.x) {
+        const int h = w / kHalf, i = w % kHalf;
+        float sn, cs;
+        sincosf(pos * f.inv_freq[i], &sn, &cs);
+        rotate_pair<ROT>(sm_q[h], sm_q[h], i, cs, sn);
+    }
+    __syncthreads();
+    const int64_t slot = st.slot_mapping[t];
+    KVT* kd_out = nullptr;
+    KVT* vd_out = nullptr;
+    if (slot >= 0) {
+        std::byte* base = kv + (slot / BS) * block_bytes;
+        kd_out = reinterpret_cast<KVT*>(base + k_off) + (size_t(g) * BS + slot % BS) * D;
+        vd_out = reinterpret_cast<KVT*>(base + v_off) + (size_t(g) * BS + slot % BS) * D;
+    }
+    if (kd_out) {
+        for (int i = threadIdx.x; i < D; i += blockDim.x) {
+            kd_out[i] = from_f32<KVT>(sm_q[G][i]);
+            vd_out[i] = from_f32<KVT>(sm_v[i]);
+        }
+    }
+    // The block's own global writes are visible to all its threads after the barrier: the key
+    // loop then reads this position from the cache like any other.
+    __syncthreads();
+    attend_group<HQ, HKV, D, BS, KVT>(g, ctx, first, table, &sm_q[0][0], kv, block_bytes, k_off, v_off, scale, x, o);
+}
 
 // The same attention with one key per lane (tiles of 32 keys per warp): a lane scores its key
 // against the group's queries alone, with no reduction across lanes, and the warp rescales once per
@@ -316,6 +407,36 @@ void attention(const Ctx& c, int rows, const float* q, const std::byte* kv, int6
     else
         launch(c, detail::attention_keys_kernel<HQ, HKV, D, BS, KVT>, dim3(rows, HKV), dim3(NW * kWarp), rows, c.step, q, kv,
                block_bytes, k_off, v_off, scale, extras, out);
+}
+
+// SCR_CUDA_ROPE_ATTN=0: RoPE + KV append and attention as two launches in every step (kept for
+// A/B runs); by default one launch (rope_attention_kernel) where every sequence has one token.
+inline bool rope_attention_fused_on() {
+    static const bool on = [] {
+        const char* e = std::getenv("SCR_CUDA_ROPE_ATTN");
+        return !(e && e[0] == '0');
+    }();
+    return on;
+}
+
+// RoPE on q and k, this step's K and V into their KV slots, then attention (what rope_append
+// followed by attention does): one launch for decode steps with one token per sequence and at most
+// kAttentionDecodeMaxRows rows, otherwise those two launches (rotated q goes to q_out).
+template <int HQ, int HKV, int D, int ROT, int BS, typename KVT>
+void rope_attention(const Ctx& c, int rows, const float* q, const float* k, const float* v, float* q_out,
+                    const RopeFreqs<ROT / 2>& f, std::byte* kv, int64_t block_bytes, int64_t k_off, int64_t v_off, float scale,
+                    float* out, const AttnExtras& extras = {}) {
+    static_assert(HQ % HKV == 0, "query heads must be a multiple of kv heads");
+    static_assert(ROT % 2 == 0 && ROT <= D, "rotary dims must be even and within head_dim");
+    if (rows <= 0) return;
+    if (c.one_token_per_seq && rows <= kAttentionDecodeMaxRows && rope_attention_fused_on()) {
+        constexpr int NW = detail::attention_warps<HQ / HKV, D>();
+        launch(c, detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT>, dim3(rows, HKV), dim3(NW * kWarp), rows, c.step, q, k, v, f,
+               kv, block_bytes, k_off, v_off, scale, extras, out);
+        return;
+    }
+    rope_append<HQ, HKV, D, ROT, BS, KVT>(c, rows, q, k, v, q_out, f, kv, block_bytes, k_off, v_off);
+    attention<HQ, HKV, D, BS, KVT>(c, rows, q_out, kv, block_bytes, k_off, v_off, scale, out, extras);
 }
 
 }  // namespace scr::kernels::cuda

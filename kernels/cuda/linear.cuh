@@ -3,8 +3,8 @@
 //
 // Paths, chosen per launch by the number of token rows (docs/CUDA.md has the measurements):
 //  * 1-8 rows (bf16; any rows up to 64 for f32/f16 weights): a GEMV that streams every weight row
-//    once with 16-byte loads, one warp (or KSPLIT warps along K) per weight row, up to 8 rows of x
-//    at once. It can fold a preceding RMSNorm (x is normalized on the fly: y = inv_rms *
+//    once with 16-byte loads, one warp (or KSPLIT warps along K) per 1-4 weight rows (x loaded once
+//    for all of them), up to 8 rows of x at once, a grid of what fits on the GPU. It can fold a preceding RMSNorm (x is normalized on the fly: y = inv_rms *
 //    (x*w_norm)W^T, the sum of squares accumulated in the same pass), a grouped launch of up to
 //    three matrices that read the same x (Q, K, V), and SwiGLU (silu(x Wg^T) * (x Wu^T)).
 //  * 9-32 rows, bf16: the MMA linear (tensor cores, weights as the A operand, x as bf16 hi + lo),
@@ -19,6 +19,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -71,54 +72,88 @@ constexpr int gemv_ksplit(int n, int k, int vec) {
     return ks;
 }
 
-template <int K, typename WT, int TR, int KSPLIT, bool SWIGLU, bool NORM>
-__global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const __grid_constant__ LinearParams p) {
+// Weight rows one warp of the GEMV carries (by default; SCR_CUDA_GEMV=row: one): each 16-byte chunk of
+// x (float32, 2x the bytes of the bf16 weights it meets) is loaded once and used for RW weight rows,
+// so x's traffic through L1 drops RW-fold and every lane has RW x more weight loads in flight. Up
+// to 4, fewer where the token rows (TR) and SwiGLU's second matrix already fill the registers.
+template <int TR, bool SWIGLU, int MAX_RW = 4>
+constexpr int gemv_rows_per_warp() {
+    const int r = 8 / (TR * (SWIGLU ? 2 : 1));
+    return r > MAX_RW ? MAX_RW : (r < 1 ? 1 : r);
+}
+// 16-byte chunks per lane per load round: ~16 weight loads in flight per lane with RW rows, never
+// more rounds' worth than the lane's share of its K split holds.
+constexpr int gemv_chunk_batch(int rows_per_warp, bool swiglu, int chunks_per_split) {
+    int b = 16 / (rows_per_warp * (swiglu ? 2 : 1));
+    if (b < 1) b = 1;
+    const int per_lane = (chunks_per_split + kWarp - 1) / kWarp;
+    return b < per_lane ? b : per_lane;
+}
+
+// RW weight rows per warp (1: SCR_CUDA_GEMV=row, the earlier kernel), KB chunks per lane per load
+// round. Every output's summation order (lane-strided chunks in increasing order, the chunk's 8
+// products in order, a butterfly over the warp, then the KSPLIT warps' partials in split order)
+// depends on the shape only, never on TR, RW or KB: batch-invariant, and the same bits as RW = 1.
+template <int K, typename WT, int TR, int KSPLIT, bool SWIGLU, bool NORM, int RW, int KB>
+__device__ __forceinline__ void gemv_tile(const LinearParams& p, int tile, bool& waited) {
     using V = Vec16<WT>;
     constexpr int kVec = V::n;
     static_assert(K % kVec == 0, "K must be a whole number of 16-byte chunks");
     constexpr int kChunks = K / kVec;
     constexpr int kPerSplit = (kChunks + KSPLIT - 1) / KSPLIT;
-    constexpr int kRowsPerCta = kGemvWarps / KSPLIT;
-    constexpr int kBatch = 4;  // 16-byte weight loads per lane in flight
+    constexpr int kRowsPerCta = kGemvWarps / KSPLIT * RW;
     constexpr int kVals = SWIGLU ? 2 : 1;
-    __shared__ float partial[KSPLIT > 1 ? kGemvWarps : 1][kVals + NORM][TR];
-    pdl_trigger();
-    bool waited = false;  // pdl_wait() comes after the first weight loads are in flight
+    __shared__ float partial[KSPLIT > 1 ? kGemvWarps : 1][kVals * RW + NORM][TR];
 
-    // More than TR token rows: groups of TR rows, the group index fastest across blocks, so the
+    // More than TR token rows: groups of TR rows, the group index fastest across tiles, so the
     // blocks reading the same weight rows run together and all but the first read hit L2.
     const int groups = (p.rows + TR - 1) / TR;
-    const int group = blockIdx.x % groups, row0 = group * TR;
+    const int group = tile % groups, row0 = group * TR;
     const int rows = min(TR, p.rows - row0);
     const float* x = p.x + size_t(row0) * K;
     const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
     const int split = warp % KSPLIT;
-    const int n = (blockIdx.x / groups) * kRowsPerCta + warp / KSPLIT;
-    const bool active = n < p.n_total;
-    int s = 0, nl = n;
-    while (s + 1 < p.nseg && nl >= p.seg[s].n) nl -= p.seg[s++].n;
-    const LinearOut& o = p.seg[s];
+    const int n0 = (tile / groups) * kRowsPerCta + (warp / KSPLIT) * RW;
+    // Each of the warp's rows finds its own segment (a grouped launch's rows may straddle two).
+    const WT* wr[RW];
+    const WT* ur[RW];
+    int seg[RW], nl[RW];
+    bool any_active = false;
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+        int s = 0, l = n0 + r;
+        while (s + 1 < p.nseg && l >= p.seg[s].n) l -= p.seg[s++].n;
+        const bool live = n0 + r < p.n_total;
+        any_active = any_active || live;
+        seg[r] = s;
+        nl[r] = l;
+        wr[r] = live ? static_cast<const WT*>(p.seg[s].w) + size_t(l) * K : nullptr;
+        ur[r] = live && SWIGLU ? static_cast<const WT*>(p.seg[s].w_up) + size_t(l) * K : nullptr;
+    }
 
-    float acc[kVals][TR], ss[TR];
+    float acc[kVals][RW][TR], ss[TR];
 #pragma unroll
     for (int t = 0; t < TR; ++t) {
         ss[t] = 0.0f;
 #pragma unroll
-        for (int j = 0; j < kVals; ++j) acc[j][t] = 0.0f;
+        for (int j = 0; j < kVals; ++j)
+#pragma unroll
+            for (int r = 0; r < RW; ++r) acc[j][r][t] = 0.0f;
     }
-    if (active) {
-        const WT* wr = static_cast<const WT*>(o.w) + size_t(nl) * K;
-        const WT* ur = SWIGLU ? static_cast<const WT*>(o.w_up) + size_t(nl) * K : nullptr;
+    if (any_active) {
         const int c_begin = split * kPerSplit;
         const int c_end = min(kChunks, c_begin + kPerSplit);
-        for (int c0 = c_begin; c0 < c_end; c0 += kWarp * kBatch) {
-            uint4 wv[kBatch], uv[kBatch];
+        for (int c0 = c_begin; c0 < c_end; c0 += kWarp * KB) {
+            uint4 wv[KB][RW], uv[KB][SWIGLU ? RW : 1];
 #pragma unroll
-            for (int b = 0; b < kBatch; ++b) {
+            for (int b = 0; b < KB; ++b) {
                 const int c = c0 + b * kWarp + lane;
-                if (c < c_end) {
-                    wv[b] = load_stream16(wr + size_t(c) * kVec);
-                    if constexpr (SWIGLU) uv[b] = load_stream16(ur + size_t(c) * kVec);
+#pragma unroll
+                for (int r = 0; r < RW; ++r) {
+                    if (c < c_end && wr[r]) {
+                        wv[b][r] = load_stream16(wr[r] + size_t(c) * kVec);
+                        if constexpr (SWIGLU) uv[b][r] = load_stream16(ur[r] + size_t(c) * kVec);
+                    }
                 }
             }
             if (!waited) {
@@ -126,12 +161,10 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const __grid_c
                 waited = true;
             }
 #pragma unroll
-            for (int b = 0; b < kBatch; ++b) {
+            for (int b = 0; b < KB; ++b) {
                 const int c = c0 + b * kWarp + lane;
                 if (c >= c_end) continue;
-                float wf[kVec], uf[kVec], nw[kVec];
-                V::unpack(wv[b], wf);
-                if constexpr (SWIGLU) V::unpack(uv[b], uf);
+                float nw[kVec];
                 if constexpr (NORM) {
 #pragma unroll
                     for (int i = 0; i < kVec; i += 4) {
@@ -148,15 +181,23 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const __grid_c
                         const float4 f = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * K + size_t(c) * kVec + i));
                         xf[i] = f.x; xf[i + 1] = f.y; xf[i + 2] = f.z; xf[i + 3] = f.w;
                     }
+                    if constexpr (NORM) {
 #pragma unroll
-                    for (int i = 0; i < kVec; ++i) {
-                        float xv = xf[i];
-                        if constexpr (NORM) {
-                            ss[t] += xv * xv;
-                            xv *= nw[i];
+                        for (int i = 0; i < kVec; ++i) {
+                            ss[t] += xf[i] * xf[i];
+                            xf[i] *= nw[i];
                         }
-                        acc[0][t] += xv * wf[i];
-                        if constexpr (SWIGLU) acc[1][t] += xv * uf[i];
+                    }
+#pragma unroll
+                    for (int r = 0; r < RW; ++r) {
+                        float wf[kVec], uf[kVec];
+                        V::unpack(wv[b][r], wf);
+                        if constexpr (SWIGLU) V::unpack(uv[b][r], uf);
+#pragma unroll
+                        for (int i = 0; i < kVec; ++i) {
+                            acc[0][r][t] += xf[i] * wf[i];
+                            if constexpr (SWIGLU) acc[1][r][t] += xf[i] * uf[i];
+                        }
                     }
                 }
             }
@@ -167,15 +208,19 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const __grid_c
     for (int t = 0; t < TR; ++t) {
         ss[t] = warp_sum(ss[t]);
 #pragma unroll
-        for (int j = 0; j < kVals; ++j) acc[j][t] = warp_sum(acc[j][t]);
+        for (int j = 0; j < kVals; ++j)
+#pragma unroll
+            for (int r = 0; r < RW; ++r) acc[j][r][t] = warp_sum(acc[j][r][t]);
     }
     if constexpr (KSPLIT > 1) {
         if (lane == 0) {
 #pragma unroll
             for (int t = 0; t < TR; ++t) {
 #pragma unroll
-                for (int j = 0; j < kVals; ++j) partial[warp][j][t] = acc[j][t];
-                if constexpr (NORM) partial[warp][kVals][t] = ss[t];
+                for (int j = 0; j < kVals; ++j)
+#pragma unroll
+                    for (int r = 0; r < RW; ++r) partial[warp][j * RW + r][t] = acc[j][r][t];
+                if constexpr (NORM) partial[warp][kVals * RW][t] = ss[t];
             }
         }
         __syncthreads();
@@ -183,38 +228,63 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const __grid_c
 #pragma unroll
         for (int t = 0; t < TR; ++t) {
 #pragma unroll
-            for (int j = 0; j < kVals; ++j) {
-                float v = 0.0f;
-                for (int k = 0; k < KSPLIT; ++k) v += partial[warp + k][j][t];
-                acc[j][t] = v;
-            }
+            for (int j = 0; j < kVals; ++j)
+#pragma unroll
+                for (int r = 0; r < RW; ++r) {
+                    float v = 0.0f;
+                    for (int k = 0; k < KSPLIT; ++k) v += partial[warp + k][j * RW + r][t];
+                    acc[j][r][t] = v;
+                }
             if constexpr (NORM) {
                 float v = 0.0f;
-                for (int k = 0; k < KSPLIT; ++k) v += partial[warp + k][kVals][t];
+                for (int k = 0; k < KSPLIT; ++k) v += partial[warp + k][kVals * RW][t];
                 ss[t] = v;
             }
         }
     }
-    if (!active || lane != 0) return;
+    if (lane != 0) return;
 #pragma unroll
     for (int t = 0; t < TR; ++t) {
         if (t >= rows) break;
-        float v = acc[0][t];
-        float u = SWIGLU ? acc[kVals - 1][t] : 0.0f;
-        if constexpr (NORM) {
-            const float inv = 1.0f / sqrtf(ss[t] / float(K) + p.eps);
-            v *= inv;
-            u *= inv;
+        float inv = 1.0f;
+        if constexpr (NORM) inv = 1.0f / sqrtf(ss[t] / float(K) + p.eps);
+#pragma unroll
+        for (int r = 0; r < RW; ++r) {
+            if (!wr[r]) continue;
+            const LinearOut& o = p.seg[seg[r]];
+            float v = acc[0][r][t];
+            float u = SWIGLU ? acc[kVals - 1][r][t] : 0.0f;
+            if constexpr (NORM) {
+                v *= inv;
+                u *= inv;
+            }
+            const size_t at = size_t(row0 + t) * o.n + nl[r];
+            if constexpr (SWIGLU) {
+                v = silu(v) * u;
+            } else {
+                if (o.bias) v += o.bias[nl[r]];
+                if (o.residual) v = o.residual[at] + v;
+            }
+            o.y[at] = v;
         }
-        const size_t at = size_t(row0 + t) * o.n + nl;
-        if constexpr (SWIGLU) {
-            v = silu(v) * u;
-        } else {
-            if (o.bias) v += o.bias[nl];
-            if (o.residual) v = o.residual[at] + v;
-        }
-        o.y[at] = v;
     }
+}
+
+// One tile (kRowsPerCta weight rows x TR token rows) per block, or, with a grid smaller than the
+// tiles (SCR_CUDA_GEMV=persist, the default), every block walks tiles blockIdx.x, + gridDim.x, ...:
+// a grid of what fits on the GPU at once keeps each SM streaming instead of refilling in waves.
+// A tile's arithmetic is the same either way.
+template <int K, typename WT, int TR, int KSPLIT, bool SWIGLU, bool NORM, int RW, int KB>
+__global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const __grid_constant__ LinearParams p) {
+    constexpr int kRowsPerCta = kGemvWarps / KSPLIT * RW;
+    pdl_trigger();
+    bool waited = false;  // pdl_wait() comes after the first weight loads are in flight
+    const int tiles = (p.n_total + kRowsPerCta - 1) / kRowsPerCta * ((p.rows + TR - 1) / TR);
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        if (tile != int(blockIdx.x)) __syncthreads();  // the last tile's split partials are read
+        gemv_tile<K, WT, TR, KSPLIT, SWIGLU, NORM, RW, KB>(p, tile, waited);
+    }
+    if (!waited) pdl_wait();
 }
 
 // ---- Decode linear on tensor cores, weights as the MMA's A operand ("swap AB") ----
@@ -605,12 +675,53 @@ __global__ void __launch_bounds__(256) gemm_simt_kernel(const __grid_constant__ 
     o.y[at] = v;
 }
 
+// The GEMV's variant, SCR_CUDA_GEMV: "row" one weight row per warp, one tile per block (the
+// earlier GEMV, kept for A/B runs); "rows" at most 4 rows per warp (gemv_rows_per_warp), one tile
+// per block; default ("persist"): at most 4 rows per warp and a grid of the blocks that fit on
+// the GPU at once, each walking several tiles. The same bits in every case. (At most 2 rows per
+// warp measured no better than 4: docs/CUDA.md.)
+struct GemvVariant {
+    int max_rows_per_warp = 4;
+    bool persistent = true;
+};
+inline GemvVariant gemv_variant_from_env() {
+    static const GemvVariant v = [] {
+        const char* e = std::getenv("SCR_CUDA_GEMV");
+        const std::string s = e ? e : "";
+        if (s == "row") return GemvVariant{1, false};
+        if (s == "rows") return GemvVariant{4, false};
+        return GemvVariant{4, true};
+    }();
+    return v;
+}
+
+template <int K, typename WT, int NTOTAL, bool SWIGLU, bool NORM, int TR, int MAX_RW>
+void launch_gemv_rw(const Ctx& c, const LinearParams& p, bool persistent = false) {
+    constexpr int ks = gemv_ksplit(NTOTAL, K, Vec16<WT>::n);
+    constexpr int rw = MAX_RW == 1 ? 1 : gemv_rows_per_warp<TR, SWIGLU, MAX_RW>();
+    constexpr int kb = rw == 1 ? 4 : gemv_chunk_batch(rw, SWIGLU, ceil_div(K / Vec16<WT>::n, ks));  // rw 1: the earlier kernel
+    constexpr int rows_per_cta = kGemvWarps / ks * rw;
+    constexpr auto kernel = gemv_kernel<K, WT, TR, ks, SWIGLU, NORM, rw, kb>;
+    const int tiles = ceil_div(NTOTAL, rows_per_cta) * ceil_div(p.rows, TR);
+    int grid = tiles;
+    if (persistent) {
+        static const int resident = [=] {  // blocks of this kernel the GPU holds at once
+            int dev = 0, sms = 0, per_sm = 0;
+            cudaGetDevice(&dev);
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvWarps * kWarp, 0);
+            return sms * (per_sm > 0 ? per_sm : 1);
+        }();
+        grid = tiles < resident ? tiles : resident;
+    }
+    launch(c, kernel, dim3(grid), dim3(kGemvWarps * kWarp), p);
+}
+
 template <int K, typename WT, int NTOTAL, bool SWIGLU, bool NORM, int TR>
 void launch_gemv(const Ctx& c, const LinearParams& p) {
-    constexpr int ks = gemv_ksplit(NTOTAL, K, Vec16<WT>::n);
-    constexpr int rows_per_cta = kGemvWarps / ks;
-    const int groups = ceil_div(p.rows, TR);
-    launch(c, gemv_kernel<K, WT, TR, ks, SWIGLU, NORM>, dim3(ceil_div(NTOTAL, rows_per_cta) * groups), dim3(kGemvWarps * kWarp), p);
+    const GemvVariant v = gemv_variant_from_env();
+    if (v.max_rows_per_warp == 1) launch_gemv_rw<K, WT, NTOTAL, SWIGLU, NORM, TR, 1>(c, p, v.persistent);
+    else launch_gemv_rw<K, WT, NTOTAL, SWIGLU, NORM, TR, 4>(c, p, v.persistent);
 }
 
 // The MMA linear, off with SCR_CUDA_LINEAR=simt (the float32 GEMV below; kept for A/B runs).

@@ -8,9 +8,11 @@
 //     the same row in the smallest launch of that regime holding it (alone for 1-8 rows, the
 //     9-row launch, ...), so a decode graph's bucket size never changes a sequence's result;
 //   * outputs are poisoned with NaN first, so an unwritten element fails.
+// Then batch-1 timings of the GEMV variants (--no-bench skips them).
 // Exit: 0 all checks passed, 1 a check failed, 77 no GPU (ctest skips).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -104,6 +106,51 @@ void run_case(const Case& cs, const Ctx& c, int rows, const Dev& d) {
     CK(cudaGetLastError());
 }
 
+// The case's GEMV launch with at most `max_rw` weight rows per warp, one tile per block or a
+// persistent grid (SCR_CUDA_GEMV's variants).
+template <int N, int K, bool SWIGLU, bool NORM>
+void gemv_variant(const Ctx& c, const detail::LinearParams& p, int max_rw, bool persistent = false) {
+    const auto launch_tr = [&]<int MAX_RW>() {
+        if (p.rows <= 1) detail::launch_gemv_rw<K, bf16_t, N, SWIGLU, NORM, 1, MAX_RW>(c, p, persistent);
+        else if (p.rows <= 2) detail::launch_gemv_rw<K, bf16_t, N, SWIGLU, NORM, 2, MAX_RW>(c, p, persistent);
+        else if (p.rows <= 4) detail::launch_gemv_rw<K, bf16_t, N, SWIGLU, NORM, 4, MAX_RW>(c, p, persistent);
+        else detail::launch_gemv_rw<K, bf16_t, N, SWIGLU, NORM, 8, MAX_RW>(c, p, persistent);
+    };
+    if (max_rw == 1) launch_tr.template operator()<1>();
+    else launch_tr.template operator()<4>();
+}
+
+void run_gemv_variant(const Case& cs, const Ctx& c, int rows, const Dev& d, int max_rw, bool persistent = false) {
+    detail::LinearParams p;
+    p.rows = rows;
+    p.n_total = cs.n_out;
+    p.x = d.x;
+    if (cs.norm) {
+        p.norm_w = d.nw;
+        p.eps = 1e-5f;
+    }
+    if (cs.segs == 3) {
+        p.nseg = 3;
+        p.seg[0] = LinearOut{d.w, nullptr, nullptr, nullptr, d.y[0], 2048};
+        p.seg[1] = LinearOut{d.w + 2048 * 2048, nullptr, nullptr, nullptr, d.y[1], 512};
+        p.seg[2] = LinearOut{d.w + 2560 * 2048, nullptr, nullptr, nullptr, d.y[2] + kMaxRows * 2048, 512};
+        gemv_variant<3072, 2048, false, true>(c, p, max_rw, persistent);
+    } else if (cs.swiglu) {
+        p.seg[0] = LinearOut{d.w, d.wu, nullptr, nullptr, d.y[0], 8192};
+        gemv_variant<8192, 2048, true, true>(c, p, max_rw, persistent);
+    } else if (cs.k == 8192) {
+        p.seg[0] = LinearOut{d.w, nullptr, d.bias, d.res, d.y[0], 2048};
+        gemv_variant<2048, 8192, false, false>(c, p, max_rw, persistent);
+    } else if (cs.k == 14336) {
+        p.seg[0] = LinearOut{d.w, nullptr, d.bias, d.res, d.y[0], 4096};
+        gemv_variant<4096, 14336, false, false>(c, p, max_rw, persistent);
+    } else {
+        p.seg[0] = LinearOut{d.w, nullptr, d.bias, d.res, d.y[0], 2048};
+        gemv_variant<2048, 2048, false, false>(c, p, max_rw, persistent);
+    }
+    CK(cudaGetLastError());
+}
+
 // Output (row, col) of the case as the kernel lays it out, read back from the device.
 std::vector<float> read_outputs(const Case& cs, int rows, const Dev& d) {
     std::vector<float> out(size_t(rows) * cs.n_out);
@@ -191,6 +238,24 @@ int check_case(const Case& cs, cudaStream_t st) {
         const std::vector<float> one = read_outputs(cs, 1, d);
         alone.insert(alone.end(), one.begin(), one.end());
     }
+    // The GEMV's variants (1 or 4 weight rows per warp; 4 with a persistent grid: "5" below)
+    // sum in the same order: the same bits as the default launch, at every row count of the regime.
+    for (int rows = 1; rows <= 8; ++rows) {
+        std::vector<float> ref_out;
+        for (int rw : {0, 1, 4, 5}) {
+            for (auto& y : d.y) CK(cudaMemset(y, 0xff, sizeof(float) * kMaxRows * 8192 * 2));
+            if (rw == 0) run_case(cs, c, rows, d);
+            else run_gemv_variant(cs, c, rows, d, rw == 5 ? 4 : rw, rw == 5);
+            CK(cudaStreamSynchronize(st));
+            std::vector<float> out = read_outputs(cs, rows, d);
+            if (rw == 0) {
+                ref_out = std::move(out);
+            } else if (std::memcmp(out.data(), ref_out.data(), out.size() * 4) != 0) {
+                std::printf("%-28s rows %3d: GEMV with %d rows per warp differs from the default launch\n", cs.name, rows, rw);
+                ++failures;
+            }
+        }
+    }
     std::vector<std::pair<int, std::vector<float>>> earlier;  // (rows, outputs) of the launches so far
     for (int rows : kRowCounts) {
         for (auto& y : d.y) CK(cudaMemset(y, 0xff, sizeof(float) * kMaxRows * 8192 * 2));
@@ -237,9 +302,84 @@ int check_case(const Case& cs, cudaStream_t st) {
     return failures;
 }
 
+// Batch-1 timing of the GEMV variants at the decode shapes of Llama-3.2-1B (and its lm_head):
+// microseconds per launch and weight GB/s, each launch on the next of enough weight copies that
+// nothing is left in L2 (50 MB) from the one before; PDL off (launches back to back).
+template <int N, int K, bool SWIGLU, bool NORM>
+void time_gemv(const char* name, cudaStream_t st, int segs, const float* x, const float* nw, float* y) {
+    const size_t w_bytes = size_t(N) * K * 2 * (SWIGLU ? 2 : 1);
+    const int copies = int(std::max<size_t>(2, (512u << 20) / w_bytes + 1));
+    std::vector<bf16_t*> w(copies);
+    for (auto& p : w) {
+        CK(cudaMalloc(&p, w_bytes));
+        CK(cudaMemset(p, 0x3c, w_bytes));  // ~0.0115 in every bf16: finite products
+    }
+    Ctx c;
+    c.stream = st;
+    std::printf("%-26s", name);
+    for (int variant : {1, 4, 5}) {
+        const int max_rw = variant == 5 ? 4 : variant;
+        const bool persist = variant == 5;
+        auto params = [&](int i) {
+            detail::LinearParams p;
+            p.rows = 1;
+            p.n_total = N;
+            p.x = x;
+            p.norm_w = NORM ? nw : nullptr;
+            p.eps = 1e-5f;
+            bf16_t* base = w[i % copies];
+            if (segs == 3) {
+                p.nseg = 3;
+                p.seg[0] = LinearOut{base, nullptr, nullptr, nullptr, y, 2048};
+                p.seg[1] = LinearOut{base + 2048 * K, nullptr, nullptr, nullptr, y + 2048, 512};
+                p.seg[2] = LinearOut{base + 2560 * K, nullptr, nullptr, nullptr, y + 2560, 512};
+            } else {
+                p.seg[0] = LinearOut{base, SWIGLU ? base + size_t(N) * K : nullptr, nullptr, SWIGLU ? nullptr : y, y, N};
+            }
+            return p;
+        };
+        for (int i = 0; i < copies; ++i) gemv_variant<N, K, SWIGLU, NORM>(c, params(i), max_rw, persist);  // warm-up
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        constexpr int kIters = 60;
+        CK(cudaEventRecord(e0, st));
+        for (int i = 0; i < kIters; ++i) gemv_variant<N, K, SWIGLU, NORM>(c, params(i), max_rw, persist);
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        const double us = 1e3 * ms / kIters;
+        std::printf("  %s%d %7.2f us %5.0f GB/s", persist ? "persist" : "rw<=", max_rw, us, w_bytes / us * 1e-3);
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+    }
+    std::printf("\n");
+    for (auto p : w) cudaFree(p);
+}
+
+void time_all(cudaStream_t st) {
+    float *x, *nw, *y;
+    CK(cudaMalloc(&x, 8192 * 4));
+    CK(cudaMalloc(&nw, 8192 * 4));
+    CK(cudaMalloc(&y, 128256 * 4));
+    std::vector<float> ones(8192, 0.5f);
+    CK(cudaMemcpy(x, ones.data(), 8192 * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(nw, ones.data(), 8192 * 4, cudaMemcpyHostToDevice));
+    std::printf("batch-1 GEMV timing (rw<=1 is SCR_CUDA_GEMV=row, rw<=4 =rows, persist4 the default):\n");
+    time_gemv<3072, 2048, false, true>("QKV 3072x2048 +norm", st, 3, x, nw, y);
+    time_gemv<2048, 2048, false, false>("o 2048x2048 +residual", st, 1, x, nw, y);
+    time_gemv<8192, 2048, true, true>("gate+up 2x8192x2048 +norm", st, 1, x, nw, y);
+    time_gemv<2048, 8192, false, false>("down 2048x8192 +residual", st, 1, x, nw, y);
+    time_gemv<128256, 2048, false, true>("lm_head 128256x2048 +norm", st, 1, x, nw, y);
+    cudaFree(x);
+    cudaFree(nw);
+    cudaFree(y);
+}
+
 }  // namespace
 
-int main() try {
+int main(int argc, char** argv) try {
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
         std::printf("no GPU: skipped\n");
@@ -257,6 +397,7 @@ int main() try {
     int failures = 0;
     for (const Case& cs : cases) failures += check_case(cs, st);
     std::printf("%s\n", failures ? "FAILED" : "all bf16 linear checks passed");
+    if (!(argc > 1 && std::strcmp(argv[1], "--no-bench") == 0)) time_all(st);
     return failures ? 1 : 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "scr_cuda_linear: %s\n", e.what());
