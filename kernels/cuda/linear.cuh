@@ -677,8 +677,8 @@ __global__ void __launch_bounds__(256) gemm_simt_kernel(const __grid_constant__ 
 
 // The GEMV's variant, SCR_CUDA_GEMV: "row" one weight row per warp, one tile per block (the
 // earlier GEMV, kept for A/B runs); "rows" at most 4 rows per warp (gemv_rows_per_warp), one tile
-// per block; default ("persist"): at most 4 rows per warp and a grid of the blocks that fit on
-// the GPU at once, each walking several tiles. The same bits in every case. (At most 2 rows per
+// per block; default ("persist"): at most 4 rows per warp and, where there are at most 4 tiles per
+// block slot, a grid of the blocks that fit on the GPU at once, each walking several tiles. The same bits in every case. (At most 2 rows per
 // warp measured no better than 4: docs/CUDA.md.)
 struct GemvVariant {
     int max_rows_per_warp = 4;
@@ -712,7 +712,9 @@ void launch_gemv_rw(const Ctx& c, const LinearParams& p, bool persistent = false
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvWarps * kWarp, 0);
             return sms * (per_sm > 0 ? per_sm : 1);
         }();
-        grid = tiles < resident ? tiles : resident;
+        // Many tiles per block (lm_head: ~15) measured slower than one tile per block
+        // (docs/CUDA.md, session 4): walk tiles only where each block gets a few.
+        if (tiles <= 4 * resident) grid = tiles < resident ? tiles : resident;
     }
     launch(c, kernel, dim3(grid), dim3(kGemvWarps * kWarp), p);
 }
