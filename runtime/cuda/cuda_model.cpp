@@ -274,6 +274,12 @@ void CudaGeneratedModel::forward(const StepBatch& b, KvPool& kv, float* logits) 
         auto it = m.graphs.find(rows);
         if (it == m.graphs.end()) {
             const auto t0 = std::chrono::steady_clock::now();
+            // One eager run first, so whatever a launcher sets up lazily (cuBLASLt's algorithm for
+            // this bucket, its scratch) exists before capture; a launcher that cannot set up inside a
+            // capture takes its fallback, which the graph would then keep for good. The step is
+            // idempotent (the same K/V rows to the same slots, logits overwritten by the replay).
+            run(ctx, rows, logit_rows, m.kv_dev);
+            check(cudaGetLastError(), "a kernel launch");
             cudaGraph_t graph = nullptr;
             SCR_CUDA(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
             run(ctx, rows, logit_rows, m.kv_dev);
