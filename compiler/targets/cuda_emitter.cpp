@@ -8,9 +8,10 @@
 //   * RoPE followed by attention into one kernel that rotates Q and K and writes K and V straight
 //     into the KV cache (the attention kernel then reads only the cache).
 // Layers whose launches are identical up to the layer index fold into one loop, as on the CPU.
-// Quantized weights (MLX affine int4, int8 per channel) run through kernels/cuda/quant_ops.cuh:
-// qlinear / qlinear_swiglu / qembed over the packed tensors as uploaded; those linears fold no
-// RMSNorm and join no group (the quantized GEMV has neither variant yet).
+// Quantized weights (MLX affine int4, int8 per channel, fp8 e4m3 per channel or per tensor) run
+// through kernels/cuda/quant_ops.cuh: qlinear / qlinear_group / qlinear_swiglu / qembed over the packed tensors as
+// uploaded; they fold RMSNorms and group Q/K/V as the dense linears do (quantized linears group only
+// with quantized ones); SCR_CUDA_QUANT_FUSED=0 runs them unfused at run time.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -112,22 +113,26 @@ private:
     bool quantized_op(const ir::Op& op) const {
         return !op.weights.empty() && op.weights[0] >= 0 && g_.tensors[op.weights[0]].quantized();
     }
-    // Dense only: the quantized GEMV folds neither an RMSNorm nor a group of matrices.
-    bool is_plain_linear(const ir::Op& op) const { return op.kind == ir::OpKind::linear && op.residual < 0 && !quantized_op(op); }
+    // A linear that may join a grouped launch (dense or quantized; a group never mixes the two).
+    bool is_plain_linear(const ir::Op& op) const { return op.kind == ir::OpKind::linear && op.residual < 0; }
 
     // Attention variants the CUDA kernels do not implement are refused here, by name, rather than
     // computed wrongly.
     void require_supported() const {
         // Quantized weight formats: the ones kernels/cuda/quant_linear.cuh reads (MLX affine int4
-        // g32/g64/g128, int8 per channel); anything else is refused by name, never read as dense.
+        // g32/g64/g128, int8 per channel, fp8 e4m3 per channel or per tensor); anything else is
+        // refused by name, never read as dense.
         const auto& p = b_.preset;
         if (p.quantized()) {
             const bool mlx4 = p.format == quant::WeightFormat::mlx_affine && p.bits == 4 &&
                               (p.group_size == 32 || p.group_size == 64 || p.group_size == 128);
             const bool int8_channel = p.format == quant::WeightFormat::compressed_tensors && p.packed == DType::i8 && !p.per_tensor;
-            if (!mlx4 && !int8_channel)
-                fail("{}: quant preset {} (format {}, {} bits, {}): the CUDA target runs MLX affine int4 (group 32, 64, 128) "
-                     "and int8 per-channel weights only (fp8 and per-tensor scales are not implemented for CUDA yet)",
+            const bool fp8 = p.format == quant::WeightFormat::compressed_tensors && p.packed == DType::f8e4m3 && p.bits == 8 &&
+                             p.group_size <= 0;
+            if (!mlx4 && !int8_channel && !fp8)
+                fail("{}: quant preset {} (format {}, {} bits, {}): the CUDA target runs MLX affine int4 (group 32, 64, 128), "
+                     "int8 per-channel and fp8 e4m3 per-channel or per-tensor weights only (int8 with per-tensor or group "
+                     "scales and fp8 with group scales are not implemented for CUDA)",
                      b_.stem, p.name, p.raw.value("format", std::string("?")), p.bits,
                      p.per_tensor ? "per tensor" : p.group_size > 0 ? fmt::format("group {}", p.group_size) : "per channel");
             (void)ctype(p.scale_dtype);  // scales the kernels read: f32 / bf16 / f16
@@ -191,8 +196,7 @@ private:
                 bool ok = !rd.empty() && h != g_.output && x != g_.output;
                 for (int r : rd) {
                     const ir::Op& c = g_.ops[r];
-                    ok = ok && (c.kind == ir::OpKind::linear || c.kind == ir::OpKind::linear_swiglu) && c.in[0] == h && c.residual != h &&
-                         !quantized_op(c);
+                    ok = ok && (c.kind == ir::OpKind::linear || c.kind == ir::OpKind::linear_swiglu) && c.in[0] == h && c.residual != h;
                 }
                 // The consumers read x instead of h: nothing up to the last of them may write x's storage.
                 for (int j = i + 1; ok && !rd.empty() && j <= *rd.rbegin(); ++j)
@@ -213,7 +217,7 @@ private:
             for (int j = i + 1; j < n && grp.size() < 3; ++j) {
                 const ir::Op& a = g_.ops[i];
                 const ir::Op& c = g_.ops[j];
-                if (skip_[j] || !is_plain_linear(c) || c.in[0] != a.in[0] || c.attr.at("k") != a.attr.at("k") ||
+                if (skip_[j] || !is_plain_linear(c) || quantized_op(c) != quantized_op(a) || c.in[0] != a.in[0] || c.attr.at("k") != a.attr.at("k") ||
                     g_.tensors[c.weights[0]].dtype != g_.tensors[a.weights[0]].dtype || norm_of_[j].x != norm_of_[i].x)
                     break;
                 bool clash = c.out[0] == g_.output || overlap(c.out[0], c.in[0]) ||
@@ -291,7 +295,7 @@ private:
         };
         const auto& in = op.in;
         const int o0 = op.out.empty() ? -1 : op.out[0];
-        if (quantized_op(op)) return quant_call(op, wbase);
+        if (quantized_op(op)) return quant_call(index, wbase, norm(index));
         switch (op.kind) {
             case ir::OpKind::embed:
                 return fmt::format("k::embed<{}, {}>(c, T, {}, {});", g_.values[o0].width(), wt(op, 0), W(op, 0), ptr(o0));
@@ -394,6 +398,7 @@ private:
         const auto& p = b_.preset;
         const std::string st = ctype(p.scale_dtype);
         if (p.format == quant::WeightFormat::mlx_affine) return fmt::format("k::qdetail::MlxInt4<{}, {}>", p.group_size, st);
+        if (p.packed == DType::f8e4m3) return fmt::format("k::qdetail::Fp8E4M3<{}, {}>", st, p.per_tensor ? "true" : "false");
         return fmt::format("k::qdetail::Int8Channel<{}>", st);
     }
     std::string quant_w(int tensor, int wbase) const {
@@ -401,24 +406,43 @@ private:
         return fmt::format("k::QuantW{{dw<void>(wl + {}), dw<void>(wl + {}), {}}}", tensor - wbase, t.scales - wbase,
                            t.biases >= 0 ? fmt::format("dw<void>(wl + {})", t.biases - wbase) : std::string("nullptr"));
     }
-    // Ops over quantized weights (checked in require_supported): embed, linear, SwiGLU.
-    std::string quant_call(const ir::Op& op, int wbase) {
+    // Ops over quantized weights (checked in require_supported): embed, linear (alone or grouped),
+    // SwiGLU; `norm` is the folded RMSNorm argument ("" or ", k::RmsIn{...}").
+    std::string quant_call(int index, int wbase, const std::string& norm) {
+        const ir::Op& op = g_.ops[index];
         const int o0 = op.out[0];
         auto attr = [&](const char* k) { return int64_t(op.attr.at(k)); };
+        auto bias = [&](const ir::Op& l) {
+            return l.weights.size() > 1 && l.weights[1] >= 0 ? fmt::format("dw<float>(wl + {})", l.weights[1] - wbase) : std::string("nullptr");
+        };
         switch (op.kind) {
             case ir::OpKind::embed:
                 return fmt::format("k::qembed<{}, {}>(c, T, {}, {});", g_.values[o0].width(), quant_format(),
                                    quant_w(op.weights[0], wbase), ptr(o0));
-            case ir::OpKind::linear:
-                return fmt::format("k::qlinear<{}, {}, {}>(c, {}, {}, {}, {}, {}, {});", attr("n"), attr("k"), quant_format(),
-                                   rows(op.in[0]), ptr(op.in[0]), quant_w(op.weights[0], wbase),
-                                   op.weights.size() > 1 && op.weights[1] >= 0 ? fmt::format("dw<float>(wl + {})", op.weights[1] - wbase)
-                                                                               : std::string("nullptr"),
-                                   op.residual >= 0 ? ptr(op.residual) : "nullptr", ptr(o0));
+            case ir::OpKind::linear: {
+                if (group_[index].size() > 1) {
+                    std::vector<std::string> outs;
+                    std::vector<int64_t> ns;
+                    for (int m : group_[index]) {
+                        const ir::Op& l = g_.ops[m];
+                        outs.push_back(fmt::format("k::QuantOut{{{}, {}, {}}}", quant_w(l.weights[0], wbase), bias(l), ptr(l.out[0])));
+                        ns.push_back(int64_t(l.attr.at("n")));
+                    }
+                    if (outs.size() == 2) {
+                        outs.push_back("k::QuantOut{}");
+                        ns.push_back(0);
+                    }
+                    return fmt::format("k::qlinear_group<{}, {}, {}, {}, {}>(c, {}, {}, {}, {}, {}{});", attr("k"), quant_format(), ns[0],
+                                       ns[1], ns[2], rows(op.in[0]), ptr(op.in[0]), outs[0], outs[1], outs[2], norm);
+                }
+                return fmt::format("k::qlinear<{}, {}, {}>(c, {}, {}, {}, {}, {}, {}{});", attr("n"), attr("k"), quant_format(),
+                                   rows(op.in[0]), ptr(op.in[0]), quant_w(op.weights[0], wbase), bias(op),
+                                   op.residual >= 0 ? ptr(op.residual) : "nullptr", ptr(o0), norm);
+            }
             case ir::OpKind::linear_swiglu:
-                return fmt::format("k::qlinear_swiglu<{}, {}, {}>(c, {}, {}, {}, {}, M, {});", attr("n"), attr("k"), quant_format(),
+                return fmt::format("k::qlinear_swiglu<{}, {}, {}>(c, {}, {}, {}, {}, M, {}{});", attr("n"), attr("k"), quant_format(),
                                    rows(op.in[0]), ptr(op.in[0]), quant_w(op.weights[0], wbase), quant_w(op.weights[1], wbase),
-                                   ptr(o0));
+                                   ptr(o0), norm);
             default: break;
         }
         fail("CUDA emitter: op {} cannot read the quantized weight {} (preset {})", ir::op_name(op.kind),

@@ -6,6 +6,9 @@
 //                      w = scale * q + bias (MLX affine, G = 32, 64 or 128).
 //   Int8Channel<ST>:   q int8 [N][K]; scale ST [N] (the checkpoint's [N, 1]); w = scale * q
 //                      (compressed-tensors int-quantized W8A16, per output channel, symmetric).
+//   Fp8E4M3<ST, T>:    q fp8 e4m3 (OCP e4m3fn) [N][K]; scale ST [N] (the checkpoint's [N, 1]), or [1]
+//                      when T (per tensor); w = scale * q (compressed-tensors float-quantized). Weight-only:
+//                      x stays float32, as on the CPU target (no fp8 activations here).
 //
 // Two kernels (quant_linear below picks one per shape, never per number of rows):
 //  * quant_mma_kernel (default): tensor cores, weights as the MMA's A operand, x as bf16 hi + lo;
@@ -33,6 +36,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <cuda_fp8.h>
+
 #include "kernels/cuda/common.cuh"
 
 namespace scr::kernels::cuda {
@@ -47,6 +52,32 @@ struct QuantLinearArgs {
     const float* x = nullptr;         // [rows][K]
     float* y = nullptr;               // [rows][N]
     int n = 0, k = 0, rows = 0;
+};
+
+// One weight matrix of a fused launch (quant_linear_fused): its packed tensors, bias and output.
+struct QuantMat {
+    const void* q = nullptr;
+    const void* scales = nullptr;
+    const void* biases = nullptr;  // MLX affine only
+    const float* bias = nullptr;   // [n] or null (not with SwiGLU)
+    float* y = nullptr;            // [rows][n]; SwiGLU: mat[0].y gets silu(gate) * up
+    int n = 0;
+};
+
+// Up to three matrices of one input in one launch of the tensor-core kernel below:
+//  * grouped (Q, K, V): the matrices' rows stacked, each row written to its own matrix's output;
+//  * SwiGLU: mat[0] the gate, mat[1] the up projection (same n), silu(g) * u in the epilogue;
+//  * a folded RMSNorm (norm_w set): x is the norm's input; the kernel multiplies x by norm_w as it
+//    loads it, sums x^2 in the same pass and scales the sums by 1 / sqrt(mean(x^2) + eps) at the end.
+// `residual` only with one matrix and no SwiGLU (as QuantLinearArgs). Generic over the format F.
+struct QuantFusedArgs {
+    QuantMat mat[3];
+    int nmat = 1;
+    const float* x = nullptr;         // [rows][k]
+    const float* residual = nullptr;  // [rows][mat[0].n] or null
+    const float* norm_w = nullptr;    // [k] or null
+    float eps = 0.0f;
+    int k = 0, rows = 0;
 };
 
 namespace qdetail {
@@ -90,6 +121,59 @@ __host__ __device__ __forceinline__ void unpack_s8x4(uint32_t w, float (&q)[4]) 
     }
 }
 
+// Two e4m3 bytes (b0 in bits 0..7, b1 in bits 16..23 of `pair`) as exact bf16x2 (b0 in the low half).
+// The 7 magnitude bits shifted left by 4 land on bf16's low 4 exponent bits and top 3 mantissa
+// bits, the sign bit moves to bit 15: that bf16 is the e4m3 value times 2^-120 (e4m3 subnormals
+// m/8 * 2^-6 become bf16 subnormals m/8 * 2^-126), and one bf16x2 multiply by 2^120 (subnormal
+// inputs are kept by bf16 arithmetic; the product is exact) gives the value. NaN codes S.1111.111
+// (never written by scr quantize) read as +-480, as on the CPU target's F16C path.
+__host__ __device__ __forceinline__ uint32_t qfp8x2_bf16x2(uint32_t pair) {
+    const uint32_t bits = ((pair << 8) & 0x80008000u) | ((pair << 4) & 0x07f007f0u);
+#ifdef __CUDA_ARCH__
+    const __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&bits), __float2bfloat162_rn(0x1p120f));
+    return *reinterpret_cast<const uint32_t*>(&v);
+#else
+    // Exact in float32 and in bf16 (3 mantissa bits), so truncating to the top 16 bits is exact too.
+    uint32_t lo, hi;
+    const float flo = f32_from_bits(bits << 16) * 0x1p120f, fhi = f32_from_bits(bits & 0xffff0000u) * 0x1p120f;
+    std::memcpy(&lo, &flo, 4);
+    std::memcpy(&hi, &fhi, 4);
+    return (lo >> 16) | (hi & 0xffff0000u);
+#endif
+}
+// The 4 e4m3 values of a word as 2 bf16x2 registers: bytes (0, 1) and (2, 3), exact.
+__host__ __device__ __forceinline__ void qunpack_fp8_bf16(uint32_t w, uint32_t (&a)[2]) {
+#ifdef __CUDA_ARCH__
+    a[0] = qfp8x2_bf16x2(__byte_perm(w, 0u, 0x4140u));  // bytes: w.0, 0, w.1, 0
+    a[1] = qfp8x2_bf16x2(__byte_perm(w, 0u, 0x4342u));
+#else
+    a[0] = qfp8x2_bf16x2((w & 0xffu) | ((w << 8) & 0x00ff0000u));
+    a[1] = qfp8x2_bf16x2(((w >> 16) & 0xffu) | ((w >> 8) & 0x00ff0000u));
+#endif
+}
+#ifdef __CUDA_ARCH__
+// The same through Hopper's cvt.rn.f16x2.e4m3x2, then f16 -> float -> bf16 (all exact): the
+// alternative measured against the bit path above (Fp8E4M3<..., true> in quant_gemv_test.cu's bench).
+__device__ __forceinline__ void qunpack_fp8_bf16_cvt(uint32_t w, uint32_t (&a)[2]) {
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+        const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(w >> (16 * p)), __NV_E4M3);
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+        const __nv_bfloat162 v = __floats2bfloat162_rn(f.x, f.y);
+        a[p] = *reinterpret_cast<const uint32_t*>(&v);
+    }
+}
+#endif
+// The 4 e4m3 values of a word as floats (the SIMT kernel), through the bf16x2 path.
+__host__ __device__ __forceinline__ void unpack_fp8x4(uint32_t w, float (&q)[4]) {
+    uint32_t a[2];
+    qunpack_fp8_bf16(w, a);
+    q[0] = f32_from_bits(a[0] << 16);
+    q[1] = f32_from_bits(a[0] & 0xffff0000u);
+    q[2] = f32_from_bits(a[1] << 16);
+    q[3] = f32_from_bits(a[1] & 0xffff0000u);
+}
+
 template <int G, typename ST>
 struct MlxInt4 {
     using Scale = ST;
@@ -113,9 +197,34 @@ struct Int8Channel {
     static constexpr int kElems = 16;
     static constexpr int kPerWord = 4;
     static constexpr bool kAffine = false;
+    static constexpr bool kPerTensor = false;
+    static constexpr bool kFp8 = false;
     __device__ __forceinline__ static void unpack(uint32_t w, float (&q)[kPerWord]) { unpack_s8x4(w, q); }
     static constexpr int kMmaChunk = 64;
 };
+
+// fp8 e4m3, one scale per output row, or one for the tensor (PER_TENSOR). Same kernel paths as
+// Int8Channel: only the byte -> bf16 / float conversion and the scale's index differ. VIA_CVT picks
+// the cvt.rn.f16x2.e4m3x2 conversion (kept for the A/B in quant_gemv_test.cu only).
+template <typename ST, bool PER_TENSOR, bool VIA_CVT = false>
+struct Fp8E4M3 {
+    using Scale = ST;
+    static constexpr int kGroup = 0;
+    static constexpr int kElems = 16;
+    static constexpr int kPerWord = 4;
+    static constexpr bool kAffine = false;
+    static constexpr bool kPerTensor = PER_TENSOR;
+    static constexpr bool kFp8 = true;
+    static constexpr bool kViaCvt = VIA_CVT;
+    __device__ __forceinline__ static void unpack(uint32_t w, float (&q)[kPerWord]) { unpack_fp8x4(w, q); }
+    static constexpr int kMmaChunk = 64;
+};
+
+// The per-row scale of a one-scale-per-row format (Int8Channel, Fp8E4M3) for output row n.
+template <class F>
+__device__ __forceinline__ float qrow_scale(const void* scales, int n) {
+    return to_f32(static_cast<const typename F::Scale*>(scales)[F::kPerTensor ? 0 : n]);
+}
 
 constexpr int kQWarps = 8;
 constexpr int kQRowsPerWarp = 4;  // output rows per warp: one activation load feeds this many weight rows
@@ -261,7 +370,7 @@ __global__ void __launch_bounds__(kQWarps * kWarp) quant_gemv_kernel(const __gri
         for (int t = 0; t < TR; ++t) {
             if (lane != r * TR + t || t >= rows || n >= p.n) continue;
             float v = acc[r][t];
-            if constexpr (!F::kAffine) v *= to_f32(static_cast<const ST*>(p.scales)[n]);
+            if constexpr (!F::kAffine) v *= qrow_scale<F>(p.scales, n);
             if (p.bias) v += p.bias[n];
             const size_t at = size_t(row0 + t) * p.n + n;
             if (p.residual) v = p.residual[at] + v;
@@ -407,14 +516,32 @@ __host__ __device__ __forceinline__ void qunpack_s8_bf16(uint32_t w, uint32_t (&
     a[0] = qpack_bf16x2(q[0], q[1]);
     a[1] = qpack_bf16x2(q[2], q[3]);
 }
+// A one-scale-per-row format's word as 2 bf16x2 registers (the MMA's A fragments).
+template <class F>
+__host__ __device__ __forceinline__ void qunpack_row_bf16(uint32_t w, uint32_t (&a)[2]) {
+    if constexpr (!F::kFp8) {
+        qunpack_s8_bf16(w, a);
+    } else {
+#ifdef __CUDA_ARCH__
+        if constexpr (F::kViaCvt) {
+            qunpack_fp8_bf16_cvt(w, a);
+            return;
+        }
+#endif
+        qunpack_fp8_bf16(w, a);
+    }
+}
 
 // Blocks of 16 * MT weight rows and TN * 8 token rows; U chunks per load round, one round ahead of
 // the MMAs when kPipe (few token rows, registers to spare).
-template <class F, int TN>
+// SwiGLU: two tiles (gate and up rows) and half the chunks per round, so the bytes in flight per
+// warp stay those of one matrix (registers). (Twice the chunks per round at 1-8 token rows was
+// measured slower end to end on the H200: docs/CUDA.md, issue #9.)
+template <class F, int TN, bool SWIGLU = false>
 struct QMmaShape {
-    static constexpr int MT = 1;
+    static constexpr int MT = SWIGLU ? 2 : 1;
     static constexpr bool kPipe = TN == 1;
-    static constexpr int U = F::kAffine ? 2 : 4;
+    static constexpr int U = (F::kAffine ? 2 : 4) / MT;
 };
 
 // Warps splitting K: as many as divide the row's chunks, up to 8 (depends on K only).
@@ -446,25 +573,36 @@ __device__ __forceinline__ float qgroup_param(const uint32_t (&r)[2], int j) {
     return to_f32(v);
 }
 
-template <class F, int TN>
-__global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const __grid_constant__ QuantLinearArgs p) {
-    using S = QMmaShape<F, TN>;
+// Which matrix of a grouped launch global row n belongs to; n becomes its row there.
+__device__ __forceinline__ int qmat_of(const QuantFusedArgs& p, int& n) {
+    int m = 0;
+    while (m + 1 < p.nmat && n >= p.mat[m].n) n -= p.mat[m++].n;
+    return m;
+}
+
+template <class F, int TN, bool SWIGLU, bool NORM>
+__global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const __grid_constant__ QuantFusedArgs p) {
+    using S = QMmaShape<F, TN, SWIGLU>;
     using ST = typename F::Scale;
     constexpr int MT = S::MT, U = S::U;
     constexpr int CK = F::kMmaChunk;
-    constexpr int kVals = MT * TN * 4;
+    constexpr int kVals = MT * TN * 4 + (NORM ? TN : 0);
     __shared__ float red[kMmaMaxWarps / 2][kVals][kWarp];
+    // Rows of the launch: the stacked matrices, or (SwiGLU) the gate's, whose tile 1 is the up rows.
+    int n_total = p.mat[0].n;
+    if (!SWIGLU)
+        for (int m = 1; m < p.nmat; ++m) n_total += p.mat[m].n;
 
     const int nw = blockDim.x / kWarp;
     const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
     const int g = lane / 4, t = lane % 4;
     const int CH = p.k / CK / nw;  // chunks per warp
     const int c_first = warp * CH;
-    const int row0 = blockIdx.y * (16 * MT);
+    const int row0 = blockIdx.y * (SWIGLU ? 16 : 16 * MT);  // SwiGLU: the two tiles share their rows
     const int tok0 = blockIdx.x * (TN * 8);
     const size_t row_bytes = size_t(p.k) / CK * 64;
 
-    // Rows g and g + 8 of each tile (rows past N read row N - 1 and are never written).
+    // Rows g and g + 8 of each tile (rows past the last read the last row and are never written).
     const uint8_t* wrow[MT][2];
     const ST* srow[MT][2];
     const ST* brow[MT][2];
@@ -472,15 +610,19 @@ __global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const _
     for (int m = 0; m < MT; ++m)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int n = min(row0 + 16 * m + g + 8 * h, p.n - 1);
-            wrow[m][h] = static_cast<const uint8_t*>(p.q) + size_t(n) * row_bytes + size_t(c_first) * 64 + 16 * t;
+            int n = min(row0 + (SWIGLU ? 0 : 16 * m) + g + 8 * h, n_total - 1);
+            const QuantMat& mat = p.mat[SWIGLU ? m : qmat_of(p, n)];
+            wrow[m][h] = static_cast<const uint8_t*>(mat.q) + size_t(n) * row_bytes + size_t(c_first) * 64 + 16 * t;
             if constexpr (F::kAffine) {
                 constexpr int GPC = CK / F::kGroup;
                 const size_t at = size_t(n) * (p.k / F::kGroup) + size_t(c_first) * GPC;
-                srow[m][h] = static_cast<const ST*>(p.scales) + at;
-                brow[m][h] = static_cast<const ST*>(p.biases) + at;
+                srow[m][h] = static_cast<const ST*>(mat.scales) + at;
+                brow[m][h] = static_cast<const ST*>(mat.biases) + at;
             }
         }
+    float ss[TN];  // folded RMSNorm: token g's sum of x^2 over this lane's k
+#pragma unroll
+    for (int n = 0; n < TN; ++n) ss[n] = 0.0f;
 
     float acc[MT][TN][4];
 #pragma unroll
@@ -548,6 +690,13 @@ __global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const _
 #pragma unroll
                         for (int h = 0; h < 2; ++h) qunpack_u4_bf16(wq[m][h][wd], a[m][h]);
                     const int k = kc + qmma_word_k<F::kSwap>(t, wd);
+                    float nw[8];
+                    if constexpr (NORM) {
+                        const float4 n0 = __ldg(reinterpret_cast<const float4*>(p.norm_w + k));
+                        const float4 n1 = __ldg(reinterpret_cast<const float4*>(p.norm_w + k + 4));
+                        nw[0] = n0.x; nw[1] = n0.y; nw[2] = n0.z; nw[3] = n0.w;
+                        nw[4] = n1.x; nw[5] = n1.y; nw[6] = n1.z; nw[7] = n1.w;
+                    }
 #pragma unroll
                     for (int n = 0; n < TN; ++n) {
                         const int tok = tok0 + n * 8 + g;
@@ -560,6 +709,13 @@ __global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const _
                         } else {
 #pragma unroll
                             for (int i = 0; i < 8; ++i) xv[i] = 0.0f;
+                        }
+                        if constexpr (NORM) {
+#pragma unroll
+                            for (int i = 0; i < 8; ++i) {
+                                ss[n] = fmaf(xv[i], xv[i], ss[n]);
+                                xv[i] *= nw[i];
+                            }
                         }
 #pragma unroll
                         for (int i = 0; i < 8; ++i) xs[n] += xv[i];
@@ -606,13 +762,22 @@ __global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const _
 #pragma unroll
                     for (int m = 0; m < MT; ++m)
 #pragma unroll
-                        for (int h = 0; h < 2; ++h) qunpack_s8_bf16(word_of(r.w[u][m][h], wd), a[m][h]);
+                        for (int h = 0; h < 2; ++h) qunpack_row_bf16<F>(word_of(r.w[u][m][h], wd), a[m][h]);
                     const int k = kc + 16 * t + 4 * wd;
+                    float4 nw;
+                    if constexpr (NORM) nw = __ldg(reinterpret_cast<const float4*>(p.norm_w + k));
 #pragma unroll
                     for (int n = 0; n < TN; ++n) {
                         const int tok = tok0 + n * 8 + g;
                         float4 xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                         if (tok < p.rows) xv = __ldg(reinterpret_cast<const float4*>(p.x + size_t(tok) * p.k + k));
+                        if constexpr (NORM) {
+                            ss[n] = fmaf(xv.x, xv.x, ss[n]);
+                            ss[n] = fmaf(xv.y, xv.y, ss[n]);
+                            ss[n] = fmaf(xv.z, xv.z, ss[n]);
+                            ss[n] = fmaf(xv.w, xv.w, ss[n]);
+                            xv.x *= nw.x; xv.y *= nw.y; xv.z *= nw.z; xv.w *= nw.w;
+                        }
                         uint32_t bh[2], bl[2];
                         qsplit_bf16x2(xv.x, xv.y, bh[0], bl[0]);
                         qsplit_bf16x2(xv.z, xv.w, bh[1], bl[1]);
@@ -649,28 +814,33 @@ __global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const _
         }
     }
     pdl_trigger();
+    // Token g's sum of squares over its 4 lanes (then over the warps in the tree below).
+    if constexpr (NORM) {
+#pragma unroll
+        for (int n = 0; n < TN; ++n) {
+            ss[n] += __shfl_xor_sync(0xffffffffu, ss[n], 1);
+            ss[n] += __shfl_xor_sync(0xffffffffu, ss[n], 2);
+        }
+    }
 
     // Fixed tree over the warps: the upper half hands its partials to the lower half.
+    auto each_partial = [&](auto&& f) {  // every accumulator, then every sum of squares, with its slot
+        int v = 0;
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int n = 0; n < TN; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) f(acc[m][n][e], v++);
+        if constexpr (NORM) {
+#pragma unroll
+            for (int n = 0; n < TN; ++n) f(ss[n], v++);
+        }
+    };
     for (int half = nw / 2; half >= 1; half /= 2) {
-        if (warp >= half && warp < 2 * half) {
-            int v = 0;
-#pragma unroll
-            for (int m = 0; m < MT; ++m)
-#pragma unroll
-                for (int n = 0; n < TN; ++n)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) red[warp - half][v++][lane] = acc[m][n][e];
-        }
+        if (warp >= half && warp < 2 * half) each_partial([&](float& a, int v) { red[warp - half][v][lane] = a; });
         __syncthreads();
-        if (warp < half) {
-            int v = 0;
-#pragma unroll
-            for (int m = 0; m < MT; ++m)
-#pragma unroll
-                for (int n = 0; n < TN; ++n)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) acc[m][n][e] += red[warp][v++][lane];
-        }
+        if (warp < half) each_partial([&](float& a, int v) { a += red[warp][v][lane]; });
         __syncthreads();
     }
     if (warp != 0) return;
@@ -679,29 +849,71 @@ __global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const _
     for (int n = 0; n < TN; ++n)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
+            float inv = 1.0f;
+            if constexpr (NORM) {
+                const float sum = __shfl_sync(0xffffffffu, ss[n], (2 * t + j) * 4);  // from token 2t + j's lanes
+                inv = 1.0f / sqrtf(sum / float(p.k) + p.eps);
+            }
             const int tok = tok0 + n * 8 + 2 * t + j;
             if (tok >= p.rows) continue;
 #pragma unroll
-            for (int m = 0; m < MT; ++m)
+            for (int h = 0; h < 2; ++h) {
+                if constexpr (SWIGLU) {
+                    const int row = row0 + g + 8 * h;
+                    if (row >= n_total) continue;
+                    float gate = acc[0][n][2 * h + j], up = acc[1][n][2 * h + j];
+                    if constexpr (!F::kAffine) {
+                        gate *= qrow_scale<F>(p.mat[0].scales, row);
+                        up *= qrow_scale<F>(p.mat[1].scales, row);
+                    }
+                    if constexpr (NORM) {
+                        gate *= inv;
+                        up *= inv;
+                    }
+                    p.mat[0].y[size_t(tok) * p.mat[0].n + row] = silu(gate) * up;  // as silu_mul_kernel
+                } else {
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int row = row0 + 16 * m + g + 8 * h;
-                    if (row >= p.n) continue;
-                    float v = acc[m][n][2 * h + j];
-                    if constexpr (!F::kAffine) v *= to_f32(static_cast<const ST*>(p.scales)[row]);
-                    if (p.bias) v += p.bias[row];
-                    const size_t at = size_t(tok) * p.n + row;
-                    if (p.residual) v = p.residual[at] + v;
-                    p.y[at] = v;
+                    for (int m = 0; m < MT; ++m) {
+                        int row = row0 + 16 * m + g + 8 * h;
+                        if (row >= n_total) continue;
+                        const QuantMat& mat = p.mat[qmat_of(p, row)];
+                        float v = acc[m][n][2 * h + j];
+                        if constexpr (!F::kAffine) v *= qrow_scale<F>(mat.scales, row);
+                        if constexpr (NORM) v *= inv;
+                        if (mat.bias) v += mat.bias[row];
+                        const size_t at = size_t(tok) * mat.n + row;
+                        if (p.residual) v = p.residual[at] + v;
+                        mat.y[at] = v;
+                    }
                 }
+            }
         }
 }
 
-template <class F, int TN>
-void launch_quant_mma(const Ctx& c, const QuantLinearArgs& a) {
+template <class F, int TN, bool SWIGLU, bool NORM>
+void launch_quant_mma(const Ctx& c, const QuantFusedArgs& a) {
+    int n_total = a.mat[0].n;
+    if (!SWIGLU)
+        for (int m = 1; m < a.nmat; ++m) n_total += a.mat[m].n;
     const int nw = qmma_warps(a.k / F::kMmaChunk);
-    launch(c, quant_mma_kernel<F, TN>, dim3(ceil_div(a.rows, TN * 8), ceil_div(a.n, 16 * QMmaShape<F, TN>::MT)),
-           dim3(nw * kWarp), a);
+    launch(c, quant_mma_kernel<F, TN, SWIGLU, NORM>, dim3(ceil_div(a.rows, TN * 8), ceil_div(n_total, 16)), dim3(nw * kWarp), a);
+}
+
+// Token-row tiles per block: up to 64 rows (8 tiles); the fused variants (SwiGLU's two weight
+// tiles, the norm's sums: registers, spills from 4 tiles on) up to 16 rows, more rows in more
+// blocks. A row's arithmetic is the same in every variant, so results do not depend on the number
+// of rows.
+template <class F, bool SWIGLU, bool NORM>
+void launch_quant_mma_rows(const Ctx& c, const QuantFusedArgs& a) {
+    if (a.rows <= 8) {
+        launch_quant_mma<F, 1, SWIGLU, NORM>(c, a);
+    } else if constexpr (SWIGLU || NORM) {
+        launch_quant_mma<F, 2, SWIGLU, NORM>(c, a);
+    } else {
+        if (a.rows <= 16) launch_quant_mma<F, 2, false, false>(c, a);
+        else if (a.rows <= 32) launch_quant_mma<F, 4, false, false>(c, a);
+        else launch_quant_mma<F, 8, false, false>(c, a);
+    }
 }
 
 // The tensor-core path takes K in whole chunks and the companion tensors aligned for vector loads
@@ -715,6 +927,31 @@ bool quant_mma_fits(const QuantLinearArgs& a) {
         return sizeof(typename F::Scale) == 2 && aligned(a.scales, bytes) && aligned(a.biases, bytes);
     }
     return true;
+}
+// Every matrix of a fused launch as above, and the norm weight aligned for float4 loads.
+template <class F>
+bool quant_mma_fits(const QuantFusedArgs& a) {
+    if (a.norm_w && reinterpret_cast<uintptr_t>(a.norm_w) % 16 != 0) return false;
+    for (int m = 0; m < a.nmat; ++m) {
+        QuantLinearArgs one;
+        one.q = a.mat[m].q;
+        one.scales = a.mat[m].scales;
+        one.biases = a.mat[m].biases;
+        one.x = a.x;
+        one.k = a.k;
+        if (!quant_mma_fits<F>(one)) return false;
+    }
+    return true;
+}
+
+inline QuantFusedArgs fused_of(const QuantLinearArgs& a) {
+    QuantFusedArgs f;
+    f.mat[0] = QuantMat{a.q, a.scales, a.biases, a.bias, a.y, a.n};
+    f.x = a.x;
+    f.residual = a.residual;
+    f.k = a.k;
+    f.rows = a.rows;
+    return f;
 }
 
 }  // namespace qdetail
@@ -747,16 +984,31 @@ void quant_linear(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path = Q
         throw std::invalid_argument("quant_linear: missing weight, scale, bias, input or output pointer");
     const bool mma = path == QuantGemvPath::mma || (path == QuantGemvPath::automatic && quant_mma_default());
     if (mma && qdetail::quant_mma_fits<F>(a)) {
-        if (a.rows <= 8) qdetail::launch_quant_mma<F, 1>(c, a);
-        else if (a.rows <= 16) qdetail::launch_quant_mma<F, 2>(c, a);
-        else if (a.rows <= 32) qdetail::launch_quant_mma<F, 4>(c, a);
-        else qdetail::launch_quant_mma<F, 8>(c, a);
+        qdetail::launch_quant_mma_rows<F, false, false>(c, qdetail::fused_of(a));
         return;
     }
     if (a.rows <= 1) qdetail::launch_quant_gemv_split<F, 1>(c.stream, a);
     else if (a.rows <= 2) qdetail::launch_quant_gemv_split<F, 2>(c.stream, a);
     else if (a.rows <= 4) qdetail::launch_quant_gemv_split<F, 4>(c.stream, a);
     else qdetail::launch_quant_gemv_split<F, qdetail::kQTile>(c.stream, a);
+}
+
+// Grouped / SwiGLU / folded-RMSNorm launch (QuantFusedArgs) on the tensor-core kernel. Returns false
+// (nothing launched) when that kernel does not take the shape or layout (quant_mma_fits): the caller
+// then runs the unfused launches (kernels/cuda/quant_ops.cuh). Batch-invariant as quant_linear.
+template <class F, bool SWIGLU, bool NORM>
+bool quant_linear_fused(const Ctx& c, const QuantFusedArgs& a) {
+    if (a.rows <= 0) return true;
+    if (a.nmat < 1 || a.nmat > 3 || (SWIGLU && (a.nmat != 2 || a.mat[0].n != a.mat[1].n)) || (a.residual && a.nmat != 1) ||
+        (SWIGLU && a.residual) || NORM != (a.norm_w != nullptr) || a.k <= 0)
+        throw std::invalid_argument("quant_linear_fused: inconsistent arguments (matrices, SwiGLU, residual or norm)");
+    for (int m = 0; m < a.nmat; ++m)
+        if (!a.mat[m].q || !a.mat[m].scales || (F::kAffine && !a.mat[m].biases) || !a.mat[m].y || a.mat[m].n <= 0)
+            throw std::invalid_argument("quant_linear_fused: matrix " + std::to_string(m) + " lacks a tensor, an output or rows");
+    if (!a.x) throw std::invalid_argument("quant_linear_fused: no input");
+    if (!qdetail::quant_mma_fits<F>(a)) return false;
+    qdetail::launch_quant_mma_rows<F, SWIGLU, NORM>(c, a);
+    return true;
 }
 
 }  // namespace scr::kernels::cuda

@@ -9,7 +9,10 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
+#include "kernels/cuda/linear.cuh"  // RmsIn, rmsnorm
 #include "kernels/cuda/quant_linear.cuh"
 
 namespace scr::kernels::cuda {
@@ -24,7 +27,7 @@ struct QuantW {
 namespace qdetail {
 
 // Dequantized rows of a quantized embedding table: w = fma(q, scale, bias) (MLX affine) or
-// q * scale (int8 per channel), exactly as kernels/cpu/quant_linear.hpp's at().
+// q * scale (int8 / fp8 per channel or per tensor), exactly as kernels/cpu/quant_linear.hpp's at().
 template <int H, class F>
 __global__ void qembed_kernel(int rows, const int32_t* __restrict__ ids, const QuantW w, float* __restrict__ out) {
     const int t = blockIdx.y;
@@ -38,8 +41,13 @@ __global__ void qembed_kernel(int rows, const int32_t* __restrict__ ids, const Q
             const float q = float((word >> (4 * (i % 8))) & 15u);
             const size_t g = id * (H / F::kGroup) + i / F::kGroup;
             v = fmaf(q, to_f32(static_cast<const ST*>(w.scales)[g]), to_f32(static_cast<const ST*>(w.biases)[g]));
+        } else if constexpr (F::kFp8) {
+            const uint32_t byte = static_cast<const uint8_t*>(w.q)[id * H + i];
+            uint32_t a[2];
+            qunpack_fp8_bf16(byte, a);
+            v = f32_from_bits(a[0] << 16) * qrow_scale<F>(w.scales, int(id));
         } else {
-            v = float(static_cast<const int8_t*>(w.q)[id * H + i]) * to_f32(static_cast<const ST*>(w.scales)[id]);
+            v = float(static_cast<const int8_t*>(w.q)[id * H + i]) * qrow_scale<F>(w.scales, int(id));
         }
         out[size_t(t) * H + i] = v;
     }
@@ -55,6 +63,35 @@ __global__ void silu_mul_kernel(int64_t n, const float* __restrict__ g, const fl
     }
 }
 
+// The fused launches (folded RMSNorm, grouped Q/K/V, SwiGLU in one pass) unless
+// SCR_CUDA_QUANT_FUSED=0, which runs the unfused plan (standalone RMSNorm, one launch per matrix,
+// gate + up + silu*mul) from the same binary, for A/B runs.
+inline bool quant_fused_on() {
+    static const bool on = [] {
+        const char* e = std::getenv("SCR_CUDA_QUANT_FUSED");
+        return !(e && std::strcmp(e, "0") == 0);
+    }();
+    return on;
+}
+
+inline QuantMat mat_of(QuantW w, const float* bias, float* y, int n) { return QuantMat{w.q, w.scales, w.biases, bias, y, n}; }
+
+// One fused launch if enabled and the tensor-core kernel takes it; else (returns false) the caller
+// runs the unfused launches. With a norm, x_planned is where rmsnorm(norm.x) * norm.w is planned:
+// the unfused path writes it there first.
+template <int K, class F, bool SWIGLU, bool NORM>
+bool try_fused(const Ctx& c, int rows, QuantFusedArgs a, const RmsIn& norm) {
+    if (!quant_fused_on()) return false;
+    a.k = K;
+    a.rows = rows;
+    if constexpr (NORM) {
+        a.x = norm.x;
+        a.norm_w = norm.w;
+        a.eps = norm.eps;
+    }
+    return quant_linear_fused<F, SWIGLU, NORM>(c, a);
+}
+
 }  // namespace qdetail
 
 // y = x W^T (+ bias) (+ residual); residual may be y.
@@ -62,18 +99,82 @@ template <int N, int K, class F>
 void qlinear(const Ctx& c, int rows, const float* x, QuantW w, const float* bias, const float* residual, float* y) {
     quant_linear<F>(c, QuantLinearArgs{w.q, w.scales, w.biases, bias, residual, x, y, N, K, rows});
 }
+// With a folded RMSNorm: x is where rmsnorm(norm.x) * norm.w is planned (written only unfused).
+template <int N, int K, class F>
+void qlinear(const Ctx& c, int rows, const float* x, QuantW w, const float* bias, const float* residual, float* y, RmsIn norm) {
+    if (rows <= 0) return;
+    QuantFusedArgs a;
+    a.mat[0] = qdetail::mat_of(w, bias, y, N);
+    a.residual = residual;
+    if (qdetail::try_fused<K, F, false, true>(c, rows, a, norm)) return;
+    rmsnorm<K>(c, rows, norm.x, norm.w, norm.eps, const_cast<float*>(x));
+    qlinear<N, K, F>(c, rows, x, w, bias, residual, y);
+}
 
-// y = silu(x Wg^T) * (x Wu^T). `tmp` holds 2 * rows * N floats (the gate and up rows) between the
-// two GEMV launches and the epilogue: the quantized GEMV has no two-matrix variant yet.
+// Two or three quantized linears of one input (Q, K, V) in one launch; N2 = 0 for two.
+struct QuantOut {
+    QuantW w;
+    const float* bias = nullptr;
+    float* y = nullptr;
+};
+template <int K, class F, int N0, int N1, int N2>
+void qlinear_group(const Ctx& c, int rows, const float* x, QuantOut o0, QuantOut o1, QuantOut o2) {
+    if (rows <= 0) return;
+    QuantFusedArgs a;
+    a.mat[0] = qdetail::mat_of(o0.w, o0.bias, o0.y, N0);
+    a.mat[1] = qdetail::mat_of(o1.w, o1.bias, o1.y, N1);
+    a.mat[2] = qdetail::mat_of(o2.w, o2.bias, o2.y, N2);
+    a.nmat = N2 > 0 ? 3 : 2;
+    a.x = x;
+    if (qdetail::try_fused<K, F, false, false>(c, rows, a, RmsIn{})) return;
+    qlinear<N0, K, F>(c, rows, x, o0.w, o0.bias, nullptr, o0.y);
+    qlinear<N1, K, F>(c, rows, x, o1.w, o1.bias, nullptr, o1.y);
+    if constexpr (N2 > 0) qlinear<N2, K, F>(c, rows, x, o2.w, o2.bias, nullptr, o2.y);
+}
+template <int K, class F, int N0, int N1, int N2>
+void qlinear_group(const Ctx& c, int rows, const float* x, QuantOut o0, QuantOut o1, QuantOut o2, RmsIn norm) {
+    if (rows <= 0) return;
+    QuantFusedArgs a;
+    a.mat[0] = qdetail::mat_of(o0.w, o0.bias, o0.y, N0);
+    a.mat[1] = qdetail::mat_of(o1.w, o1.bias, o1.y, N1);
+    a.mat[2] = qdetail::mat_of(o2.w, o2.bias, o2.y, N2);
+    a.nmat = N2 > 0 ? 3 : 2;
+    if (qdetail::try_fused<K, F, false, true>(c, rows, a, norm)) return;
+    rmsnorm<K>(c, rows, norm.x, norm.w, norm.eps, const_cast<float*>(x));
+    qlinear_group<K, F, N0, N1, N2>(c, rows, x, o0, o1, o2);
+}
+
+// y = silu(x Wg^T) * (x Wu^T): gate and up rows in one launch, silu(g) * u in its epilogue. Unfused
+// (SCR_CUDA_QUANT_FUSED=0, or a shape only the SIMT kernel takes): `tmp` holds 2 * rows * N floats
+// (the gate and up rows) between two GEMV launches and the silu*mul kernel; same bits either way
+// (the gate and up sums are the plain kernel's, the epilogue the same expression).
 template <int N, int K, class F>
 void qlinear_swiglu(const Ctx& c, int rows, const float* x, QuantW wg, QuantW wu, float* tmp, float* y) {
     if (rows <= 0) return;
+    QuantFusedArgs a;
+    a.mat[0] = qdetail::mat_of(wg, nullptr, y, N);
+    a.mat[1] = qdetail::mat_of(wu, nullptr, y, N);
+    a.nmat = 2;
+    a.x = x;
+    if (qdetail::try_fused<K, F, true, false>(c, rows, a, RmsIn{})) return;
     float* g = tmp;
     float* u = tmp + size_t(rows) * N;
     quant_linear<F>(c, QuantLinearArgs{wg.q, wg.scales, wg.biases, nullptr, nullptr, x, g, N, K, rows});
     quant_linear<F>(c, QuantLinearArgs{wu.q, wu.scales, wu.biases, nullptr, nullptr, x, u, N, K, rows});
     const int64_t n = int64_t(rows) * N;
     qdetail::silu_mul_kernel<N><<<int(std::min<int64_t>((n + 255) / 256, 4096)), 256, 0, c.stream>>>(n, g, u, y);
+}
+
+template <int N, int K, class F>
+void qlinear_swiglu(const Ctx& c, int rows, const float* x, QuantW wg, QuantW wu, float* tmp, float* y, RmsIn norm) {
+    if (rows <= 0) return;
+    QuantFusedArgs a;
+    a.mat[0] = qdetail::mat_of(wg, nullptr, y, N);
+    a.mat[1] = qdetail::mat_of(wu, nullptr, y, N);
+    a.nmat = 2;
+    if (qdetail::try_fused<K, F, true, true>(c, rows, a, norm)) return;
+    rmsnorm<K>(c, rows, norm.x, norm.w, norm.eps, const_cast<float*>(x));
+    qlinear_swiglu<N, K, F>(c, rows, x, wg, wu, tmp, y);
 }
 
 template <int H, class F>

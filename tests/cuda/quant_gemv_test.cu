@@ -2,12 +2,18 @@
 // kernels: the tensor-core one ("mma", the default) and the SIMT one ("simt", SCR_CUDA_QUANT_GEMV=simt).
 //   * correctness: random non-zero packed weights, scales, biases and activations at Llama-3.2-1B /
 //     Llama-3.1-8B shapes, each output checked against a float64 host reference of the same
-//     dequantization (w = scale * q + bias; int8: w = scale * q), for 1, 3, 8, 13 and 64 token rows
-//     (the reference covers token rows 0-12 and 63) and for 5 rows with a bias and a residual;
+//     dequantization (w = scale * q + bias; int8, fp8: w = scale * q), for 1, 2, 3, 4, 8, 13, 16 and
+//     64 token rows (the reference covers token rows 0-12 and 63) and for 5 rows with a bias and a
+//     residual; fp8 e4m3 per channel and per tensor with random bytes, so every code appears
+//     (negative, subnormal, +-448; the NaN codes 0x7f/0xff read as +-480, as the kernels document);
 //     outputs are poisoned with NaN first, so an unwritten element fails. Bounds per output, with
 //     B = sum_k |x_k| (|s q_k| + |b|): simt |err| <= 1e-5 B; mma |err| <= 2e-5 B + 1e-6 (x enters
 //     the tensor cores as bf16 hi + lo, ~2^-17 relative; float32 accumulation);
 //   * batch invariance: every row of a 64-row launch has exactly the bits of that row launched alone;
+//   * the fused variants (quant_linear_fused: grouped Q/K/V with biases, SwiGLU, folded RMSNorm, and
+//     their combinations) against the float64 reference of the unfused math, same bounds, and their
+//     batch invariance;
+//   * fp8: the cvt.rn.f16x2.e4m3x2 conversion variant has the bits of the default one (bench runs);
 //   * host self-test (also without a GPU): the unpacking bit tricks, and a warp of the tensor-core
 //     kernel emulated on the host from its own per-lane functions against the float64 reference;
 //   * timing (unless --no-bench): CUDA events around a captured graph of back-to-back launches that
@@ -15,7 +21,7 @@
 //     weights + scales + biases) beside the device copy bandwidth and the existing bf16 linear
 //     (linear.cuh) on the same shape, in the same process.
 // Exit: 0 all checks passed, 1 a check failed, 77 no GPU (ctest skips).
-//   scr_cuda_quant_gemv [--no-bench] [--shapes NxK,NxK,...] [--host-selftest]
+//   scr_cuda_quant_gemv [--no-bench] [--shapes NxK,NxK,...] [--formats a,b,...] [--host-selftest]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -49,8 +55,8 @@ void check_cuda(cudaError_t e, const char* what, int line) {
 }
 #define CK(call) check_cuda((call), #call, __LINE__)
 
-enum class Fmt { int4_g32, int4_g64, int4_g128, int8, bf16 };
-constexpr Fmt kQuantFormats[] = {Fmt::int4_g32, Fmt::int4_g64, Fmt::int4_g128, Fmt::int8};
+enum class Fmt { int4_g32, int4_g64, int4_g128, int8, fp8, fp8_tensor, fp8_cvt, bf16 };
+constexpr Fmt kQuantFormats[] = {Fmt::int4_g32, Fmt::int4_g64, Fmt::int4_g128, Fmt::int8, Fmt::fp8, Fmt::fp8_tensor};
 
 const char* name_of(Fmt f) {
     switch (f) {
@@ -58,11 +64,24 @@ const char* name_of(Fmt f) {
         case Fmt::int4_g64: return "mlx-int4-g64";
         case Fmt::int4_g128: return "mlx-int4-g128";
         case Fmt::int8: return "int8";
+        case Fmt::fp8: return "fp8";
+        case Fmt::fp8_tensor: return "fp8-tensor";
+        case Fmt::fp8_cvt: return "fp8(cvt)";
         default: return "bf16";
     }
 }
 int group_of(Fmt f) { return f == Fmt::int4_g32 ? 32 : f == Fmt::int4_g64 ? 64 : f == Fmt::int4_g128 ? 128 : 0; }
 bool is_int4(Fmt f) { return group_of(f) > 0; }
+// The formats this run checks (--formats; default: all of kQuantFormats).
+std::vector<Fmt> g_formats(std::begin(kQuantFormats), std::end(kQuantFormats));
+bool is_fp8(Fmt f) { return f == Fmt::fp8 || f == Fmt::fp8_tensor || f == Fmt::fp8_cvt; }
+// fp8 e4m3 (OCP e4m3fn) from its definition: (1 + m/8) 2^(e-7), subnormals m/8 2^-6. The NaN codes
+// S.1111.111 as +-480: what the kernels (and the CPU target's F16C path) read them as.
+double fp8_value(uint8_t b) {
+    const int e = (b >> 3) & 15, m = b & 7;
+    const double v = e == 0 ? std::ldexp(double(m), -9) : std::ldexp(double(8 + m), e - 10);
+    return (b & 0x80) ? -v : v;
+}
 
 struct Sizes {
     size_t q = 0, scales = 0, biases = 0;  // bytes
@@ -73,9 +92,9 @@ Sizes sizes_of(Fmt f, int n, int k) {
     if (is_int4(f)) {
         s.q = size_t(n) * k / 2;
         s.scales = s.biases = size_t(n) * (k / group_of(f)) * 2;
-    } else if (f == Fmt::int8) {
+    } else if (f == Fmt::int8 || is_fp8(f)) {
         s.q = size_t(n) * k;
-        s.scales = size_t(n) * 2;
+        s.scales = f == Fmt::fp8_tensor ? 2 : size_t(n) * 2;
     } else {
         s.q = size_t(n) * k * 2;
     }
@@ -127,6 +146,7 @@ DevWeights make_weights(Fmt f, int n, int k, uint64_t seed) {
         CK(cudaMalloc(&w.scales, s.scales));
         // MLX: scale = (max - min) / 15 > 0, bias = min < 0; int8: a positive per-channel scale.
         if (is_int4(f)) fill_values(w.scales, true, s.scales / 2, seed * 7 + 3, 0.004f, 0.012f);
+        else if (is_fp8(f)) fill_values(w.scales, true, s.scales / 2, seed * 7 + 3, 0.0001f, 0.0003f);  // ~ max|w| / 448
         else fill_values(w.scales, true, s.scales / 2, seed * 7 + 3, 0.0005f, 0.0015f);
     }
     if (s.biases) {
@@ -161,6 +181,9 @@ void launch(Fmt f, QuantGemvPath path, cudaStream_t st, const QuantLinearArgs& a
         case Fmt::int4_g64: launch_as<qdetail::MlxInt4<64, bf16_t>>(c, a, path); break;
         case Fmt::int4_g128: launch_as<qdetail::MlxInt4<128, bf16_t>>(c, a, path); break;
         case Fmt::int8: launch_as<qdetail::Int8Channel<bf16_t>>(c, a, path); break;
+        case Fmt::fp8: launch_as<qdetail::Fp8E4M3<bf16_t, false>>(c, a, path); break;
+        case Fmt::fp8_tensor: launch_as<qdetail::Fp8E4M3<bf16_t, true>>(c, a, path); break;
+        case Fmt::fp8_cvt: launch_as<qdetail::Fp8E4M3<bf16_t, false, true>>(c, a, path); break;
         default: die(text("launch: %s is not a quantized format", name_of(f)));
     }
 }
@@ -219,6 +242,9 @@ void dequant_row(Fmt f, const HostWeights& h, int k, int n, std::vector<double>&
             const double b = bf16_to_double(h.biases[size_t(n) * (k / g) + i / g]);
             w[i] = s * q + b;
             bound[i] = std::fabs(s * q) + std::fabs(b);
+        } else if (is_fp8(f)) {
+            w[i] = bf16_to_double(h.scales[f == Fmt::fp8_tensor ? 0 : n]) * fp8_value(h.q[size_t(n) * k + i]);
+            bound[i] = std::fabs(w[i]);
         } else {
             const double q = double(int8_t(h.q[size_t(n) * k + i]));
             w[i] = bf16_to_double(h.scales[n]) * q;
@@ -447,8 +473,8 @@ std::vector<double> emulate_warp(int k, const std::vector<uint8_t>& q, const std
                 for (int l = 0; l < 32; ++l) {
                     const int g = l / 4, t = l % 4;
                     uint32_t a0[2], a8[2];
-                    qdetail::qunpack_s8_bf16(v[l][0][wd], a0);
-                    qdetail::qunpack_s8_bf16(v[l][1][wd], a8);
+                    qdetail::qunpack_row_bf16<F>(v[l][0][wd], a0);
+                    qdetail::qunpack_row_bf16<F>(v[l][1][wd], a8);
                     a[l][0] = a0[0], a[l][1] = a8[0], a[l][2] = a0[1], a[l][3] = a8[1];
                     const float* xv = &x[size_t(g) * k + c * CK + 16 * t + 4 * wd];
                     qdetail::qsplit_bf16x2(xv[0], xv[1], bh[l][0], bl[l][0]);
@@ -465,7 +491,7 @@ std::vector<double> emulate_warp(int k, const std::vector<uint8_t>& q, const std
         for (int e = 0; e < 4; ++e) {
             const int row = g + 8 * (e / 2), tok = 2 * t + e % 2;
             double v = acc[l][e];
-            if constexpr (!F::kAffine) v = float(v) * float(bf16_to_double(scales[row]));
+            if constexpr (!F::kAffine) v = float(v) * float(bf16_to_double(scales[F::kPerTensor ? 0 : row]));
             y[tok * 16 + row] = v;
         }
     }
@@ -507,9 +533,9 @@ int check_emulation(Fmt f, int k, uint32_t seed, double& worst, bool perturb = f
     HostWeights h;
     h.q.resize(is_int4(f) ? size_t(16) * k / 2 : size_t(16) * k);
     for (auto& b : h.q) b = uint8_t(rng());
-    const int ngroups = is_int4(f) ? k / group_of(f) : 1;
-    for (int i = 0; i < 16 * ngroups; ++i) {
-        h.scales.push_back(uint16_t(qdetail::qbf16_bits(is_int4(f) ? us(rng) : us(rng) / 8)));
+    const int nscales = is_int4(f) ? 16 * (k / group_of(f)) : f == Fmt::fp8_tensor ? 1 : 16;
+    for (int i = 0; i < nscales; ++i) {
+        h.scales.push_back(uint16_t(qdetail::qbf16_bits(is_int4(f) ? us(rng) : us(rng) / (is_fp8(f) ? 400 : 8))));
         if (is_int4(f)) h.biases.push_back(uint16_t(qdetail::qbf16_bits(ub(rng))));
     }
     std::vector<float> x(size_t(8) * k);
@@ -575,6 +601,19 @@ int host_selftest() {
             for (int i = 0; i < 4; ++i)
                 if (bf16_half(a[i / 2], i % 2) != double(int8_t(uint8_t(w >> (8 * i))))) ++bad;
         }
+    // fp8 e4m3: every byte at every position, as bf16x2 (the MMA operands) and as floats (SIMT).
+    for (int pos = 0; pos < 4; ++pos)
+        for (uint32_t v = 0; v < 256; ++v) {
+            const uint32_t w = (pattern & ~(0xffu << (8 * pos))) | (v << (8 * pos));
+            uint32_t a[2];
+            qdetail::qunpack_fp8_bf16(w, a);
+            float q[4];
+            qdetail::unpack_fp8x4(w, q);
+            for (int i = 0; i < 4; ++i) {
+                const double want = fp8_value(uint8_t(w >> (8 * i)));
+                if (bf16_half(a[i / 2], i % 2) != want || double(q[i]) != want) ++bad;
+            }
+        }
     // x = hi + lo to ~2^-16 relative (bf16 rounding of lo), over magnitudes from 1e-30 to 1e30.
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> um(-1.0f, 1.0f), ue(-69.0f, 69.0f);
@@ -585,7 +624,7 @@ int host_selftest() {
         if (std::fabs(bf16_half(hi, 0) + bf16_half(lo, 0) - x0) > 0x1p-16 * std::fabs(x0)) ++bad;
         if (std::fabs(bf16_half(hi, 1) + bf16_half(lo, 1) - x1) > 0x1p-16 * std::fabs(x1)) ++bad;
     }
-    std::printf("host selftest (int4 / int8 unpacking to float and to bf16x2, every value at every position; x hi/lo split): %s\n",
+    std::printf("host selftest (int4 / int8 / fp8 unpacking to float and to bf16x2, every value at every position; x hi/lo split): %s\n",
                 bad ? "FAILED" : "ok");
     const int xbad = check_transpose_map<32>() + check_transpose_map<64>() + check_transpose_map<128>();
     std::printf("host selftest (lane transpose: word w of lane t holds k = qmma_word_k(t, w), in group w / (G / 32)): %s\n",
@@ -596,19 +635,218 @@ int host_selftest() {
     ebad += check_emulation<qdetail::MlxInt4<64, bf16_t>>(Fmt::int4_g64, 512, 2, worst);
     ebad += check_emulation<qdetail::MlxInt4<128, bf16_t>>(Fmt::int4_g128, 384, 3, worst);
     ebad += check_emulation<qdetail::Int8Channel<bf16_t>>(Fmt::int8, 320, 4, worst);
+    ebad += check_emulation<qdetail::Fp8E4M3<bf16_t, false>>(Fmt::fp8, 320, 5, worst);
+    ebad += check_emulation<qdetail::Fp8E4M3<bf16_t, true>>(Fmt::fp8_tensor, 192, 6, worst);
     // The negative control must fail for every format (the check sees a k permutation error).
     double unused = 0.0;
     control += check_emulation<qdetail::MlxInt4<32, bf16_t>>(Fmt::int4_g32, 512, 1, unused, true) > 0;
     control += check_emulation<qdetail::MlxInt4<64, bf16_t>>(Fmt::int4_g64, 512, 2, unused, true) > 0;
     control += check_emulation<qdetail::MlxInt4<128, bf16_t>>(Fmt::int4_g128, 384, 3, unused, true) > 0;
     control += check_emulation<qdetail::Int8Channel<bf16_t>>(Fmt::int8, 320, 4, unused, true) > 0;
-    std::printf("host selftest (tensor-core warp emulated, int4 g32/g64/g128 + int8, 16 rows x 8 tokens, against float64, "
-                "bound 2e-5 B + 1e-6): worst err/bound %.3g, %d wrong; negative control caught %d/4: %s\n",
-                worst, ebad, control, ebad == 0 && control == 4 ? "ok" : "FAILED");
-    return bad || xbad || ebad || control != 4 ? 1 : 0;
+    control += check_emulation<qdetail::Fp8E4M3<bf16_t, false>>(Fmt::fp8, 320, 5, unused, true) > 0;
+    control += check_emulation<qdetail::Fp8E4M3<bf16_t, true>>(Fmt::fp8_tensor, 192, 6, unused, true) > 0;
+    std::printf("host selftest (tensor-core warp emulated, int4 g32/g64/g128 + int8 + fp8 channel/tensor, 16 rows x 8 tokens, "
+                "against float64, bound 2e-5 B + 1e-6): worst err/bound %.3g, %d wrong; negative control caught %d/6: %s\n",
+                worst, ebad, control, ebad == 0 && control == 6 ? "ok" : "FAILED");
+    return bad || xbad || ebad || control != 6 ? 1 : 0;
 }
 
 }  // namespace
+
+// ---- Fused variants (quant_linear_fused): grouped Q/K/V, SwiGLU, folded RMSNorm ----
+// Each against the float64 reference of the unfused math: the norm (x * w / sqrt(mean(x^2) + eps),
+// in double) applied to x first, then each matrix's dot products; SwiGLU silu(g) * u from the two
+// references. Token rows get different magnitudes, so a sum of squares taken from the wrong token
+// fails. Batch invariance as above: a 64-row launch against each row alone, bit for bit.
+template <class F>
+void launch_fused_as(const Ctx& c, const QuantFusedArgs& a, bool swiglu) {
+    bool ran;
+    if (swiglu) ran = a.norm_w ? quant_linear_fused<F, true, true>(c, a) : quant_linear_fused<F, true, false>(c, a);
+    else ran = a.norm_w ? quant_linear_fused<F, false, true>(c, a) : quant_linear_fused<F, false, false>(c, a);
+    if (!ran) die(text("the fused path declined k = %d", a.k));
+}
+void launch_fused(Fmt f, cudaStream_t st, const QuantFusedArgs& a, bool swiglu) {
+    Ctx c;
+    c.stream = st;
+    switch (f) {
+        case Fmt::int4_g32: launch_fused_as<qdetail::MlxInt4<32, bf16_t>>(c, a, swiglu); break;
+        case Fmt::int4_g64: launch_fused_as<qdetail::MlxInt4<64, bf16_t>>(c, a, swiglu); break;
+        case Fmt::int4_g128: launch_fused_as<qdetail::MlxInt4<128, bf16_t>>(c, a, swiglu); break;
+        case Fmt::int8: launch_fused_as<qdetail::Int8Channel<bf16_t>>(c, a, swiglu); break;
+        case Fmt::fp8: launch_fused_as<qdetail::Fp8E4M3<bf16_t, false>>(c, a, swiglu); break;
+        case Fmt::fp8_tensor: launch_fused_as<qdetail::Fp8E4M3<bf16_t, true>>(c, a, swiglu); break;
+        default: die(text("launch_fused: %s has no case here", name_of(f)));
+    }
+}
+
+struct FusedCase {
+    const char* what;
+    int k;
+    int n[3];  // matrices' rows (n[2] = 0: two); SwiGLU: gate = up = n[0]
+    bool swiglu, norm, bias;
+};
+
+int fused_checks(cudaStream_t st) {
+    const FusedCase cases[] = {
+        {"1B qkv grouped", 2048, {2048, 512, 512}, false, false, true},
+        {"1B qkv grouped + norm", 2048, {2048, 512, 512}, false, true, false},
+        {"1B gate/up swiglu", 2048, {8192, 8192, 0}, true, false, false},
+        {"1B gate/up swiglu + norm", 2048, {8192, 8192, 0}, true, true, false},
+        {"odd k/v grouped + norm", 384, {1001, 200, 56}, false, true, true},
+        {"odd swiglu + norm", 384, {1001, 1001, 0}, true, true, false},
+        {"odd pair grouped", 384, {72, 1001, 0}, false, false, true},
+        {"1B single + norm + bias + residual", 2048, {2048, 0, 0}, false, true, true},
+    };
+    const int check_rows[] = {1, 5, 13, kMaxRows};
+    const float eps = 1e-5f;
+    int failures = 0;
+    for (const FusedCase& fc : cases) {
+        const int k = fc.k;
+        const int nmat = fc.swiglu ? 2 : fc.n[2] > 0 ? 3 : fc.n[1] > 0 ? 2 : 1;
+        const bool residual_on = nmat == 1;
+        // x with a different magnitude per token row; the norm weight around 1.
+        std::mt19937 rng(4242 + k + nmat);
+        std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+        std::vector<float> hx(size_t(kMaxRows) * k), hnw(k), hxn(size_t(kMaxRows) * k);
+        for (int t = 0; t < kMaxRows; ++t)
+            for (int i = 0; i < k; ++i) hx[size_t(t) * k + i] = uni(rng) * (0.05f + 0.3f * float(t % 7));
+        for (int i = 0; i < k; ++i) hnw[i] = 1.0f + 0.5f * uni(rng);
+        for (int t = 0; t < kMaxRows; ++t) {
+            double ss = 0.0;
+            for (int i = 0; i < k; ++i) ss += double(hx[size_t(t) * k + i]) * hx[size_t(t) * k + i];
+            const double inv = 1.0 / std::sqrt(ss / k + double(eps));
+            for (int i = 0; i < k; ++i)
+                hxn[size_t(t) * k + i] = fc.norm ? float(double(hx[size_t(t) * k + i]) * hnw[i] * inv) : hx[size_t(t) * k + i];
+        }
+        float *x = nullptr, *nw = nullptr;
+        CK(cudaMalloc(&x, sizeof(float) * hx.size()));
+        CK(cudaMalloc(&nw, sizeof(float) * k));
+        CK(cudaMemcpy(x, hx.data(), sizeof(float) * hx.size(), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(nw, hnw.data(), sizeof(float) * k, cudaMemcpyHostToDevice));
+        for (Fmt f : g_formats) {
+            if (is_int4(f) && k % 128 != 0) continue;
+            DevWeights w[3];
+            HostWeights hw[3];
+            Reference ref[3];
+            float *y[3] = {}, *y_alone[3] = {}, *bias[3] = {};
+            std::vector<float> hbias[3];
+            float* residual = nullptr;
+            std::vector<float> hres;
+            for (int m = 0; m < nmat; ++m) {
+                const int n = fc.n[m];
+                w[m] = make_weights(f, n, k, 900 + 31 * m + k);
+                hw[m] = download(f, n, k, w[m]);
+                ref[m] = reference(f, hw[m], n, k, hxn);
+                CK(cudaMalloc(&y[m], sizeof(float) * kMaxRows * n));
+                CK(cudaMalloc(&y_alone[m], sizeof(float) * kMaxRows * n));
+                if (fc.bias) {
+                    CK(cudaMalloc(&bias[m], sizeof(float) * n));
+                    fill_values(bias[m], false, n, 5000 + 7 * m + n, -0.5f, 0.5f);
+                    hbias[m].resize(n);
+                    CK(cudaMemcpy(hbias[m].data(), bias[m], sizeof(float) * n, cudaMemcpyDeviceToHost));
+                }
+            }
+            if (residual_on) {
+                CK(cudaMalloc(&residual, sizeof(float) * kMaxRows * fc.n[0]));
+                fill_values(residual, false, size_t(kMaxRows) * fc.n[0], 6000 + k, -2.0f, 2.0f);
+                hres.resize(size_t(kMaxRows) * fc.n[0]);
+                CK(cudaMemcpy(hres.data(), residual, sizeof(float) * hres.size(), cudaMemcpyDeviceToHost));
+            }
+            auto args = [&](int rows, int row0, float* const (&ys)[3]) {
+                QuantFusedArgs a;
+                for (int m = 0; m < nmat; ++m)
+                    a.mat[m] = QuantMat{w[m].q, w[m].scales, w[m].biases, bias[m], ys[m] + size_t(row0) * fc.n[m], fc.n[m]};
+                if (fc.swiglu) a.mat[1].y = a.mat[0].y;  // SwiGLU writes mat[0].y only
+                a.nmat = nmat;
+                a.x = x + size_t(row0) * k;
+                a.residual = residual ? residual + size_t(row0) * fc.n[0] : nullptr;
+                a.norm_w = fc.norm ? nw : nullptr;
+                a.eps = eps;
+                a.k = k;
+                a.rows = rows;
+                return a;
+            };
+            const int nout = fc.swiglu ? 1 : nmat;
+            for (int rows : check_rows) {
+                for (int m = 0; m < nout; ++m) CK(cudaMemset(y[m], 0xff, sizeof(float) * kMaxRows * fc.n[m]));
+                launch_fused(f, st, args(rows, 0, y), fc.swiglu);
+                CK(cudaGetLastError());
+                CK(cudaStreamSynchronize(st));
+                size_t unwritten = 0, wrong = 0, checked = 0;
+                double worst = 0.0;
+                std::vector<float> hy[3];
+                for (int m = 0; m < nout; ++m) {
+                    hy[m].resize(size_t(rows) * fc.n[m]);
+                    CK(cudaMemcpy(hy[m].data(), y[m], sizeof(float) * hy[m].size(), cudaMemcpyDeviceToHost));
+                    for (float v : hy[m]) unwritten += std::isnan(v) ? 1 : 0;
+                }
+                for (int t = 0; t < rows; ++t) {
+                    const int slot = ref_slot(t);
+                    if (slot < 0) continue;
+                    for (int m = 0; m < nout; ++m) {
+                        const size_t cnt = ref[m].rows_checked.size();
+                        for (size_t j = 0; j < cnt; ++j) {
+                            const int nn = ref[m].rows_checked[j];
+                            const double out = hy[m][size_t(t) * fc.n[m] + nn];
+                            double r = ref[m].y[slot * cnt + j];
+                            double tol = kMmaTolRel * ref[m].bound[slot * cnt + j] + kMmaTolAbs;
+                            if (fc.swiglu) {  // ref[1] has the same rows checked (same n)
+                                const double u = ref[1].y[slot * cnt + j];
+                                const double tu = kMmaTolRel * ref[1].bound[slot * cnt + j] + kMmaTolAbs;
+                                const double sg = r / (1.0 + std::exp(-r));
+                                tol = 1.1 * std::fabs(u) * tol + std::fabs(sg) * tu + 1e-6 * std::fabs(sg * u);
+                                r = sg * u;
+                            } else {
+                                if (fc.bias) r += hbias[m][nn];
+                                if (residual_on) r += hres[size_t(t) * fc.n[0] + nn];
+                                tol += 1e-7 * std::fabs(r);
+                            }
+                            const double e = std::fabs(out - r);
+                            if (!(e <= tol)) ++wrong;
+                            worst = std::max(worst, e / tol);
+                            ++checked;
+                        }
+                    }
+                }
+                const bool ok = unwritten == 0 && wrong == 0 && checked > 0;
+                failures += ok ? 0 : 1;
+                std::printf("check fused %-34s k %4d %-13s rows %2d: %zu outputs checked, err/tol max %.2e, wrong %zu, "
+                            "unwritten %zu -> %s\n",
+                            fc.what, k, name_of(f), rows, checked, worst, wrong, unwritten, ok ? "ok" : "FAILED");
+            }
+            // Batch invariance: 64 rows in one launch vs each row alone.
+            for (int m = 0; m < nout; ++m) {
+                CK(cudaMemset(y[m], 0xff, sizeof(float) * kMaxRows * fc.n[m]));
+                CK(cudaMemset(y_alone[m], 0xff, sizeof(float) * kMaxRows * fc.n[m]));
+            }
+            launch_fused(f, st, args(kMaxRows, 0, y), fc.swiglu);
+            for (int r = 0; r < kMaxRows; ++r) launch_fused(f, st, args(1, r, y_alone), fc.swiglu);
+            CK(cudaGetLastError());
+            CK(cudaStreamSynchronize(st));
+            size_t differ = 0, total = 0;
+            for (int m = 0; m < nout; ++m) {
+                std::vector<float> a(size_t(kMaxRows) * fc.n[m]), b(a.size());
+                CK(cudaMemcpy(a.data(), y[m], sizeof(float) * a.size(), cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(b.data(), y_alone[m], sizeof(float) * b.size(), cudaMemcpyDeviceToHost));
+                for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], 4) != 0 ? 1 : 0;
+                total += a.size();
+            }
+            failures += differ ? 1 : 0;
+            std::printf("check fused %-34s k %4d %-13s batch invariance (64 rows vs each alone): %zu of %zu outputs differ -> %s\n",
+                        fc.what, k, name_of(f), differ, total, differ ? "FAILED" : "ok");
+            for (int m = 0; m < nmat; ++m) {
+                free_weights(w[m]);
+                cudaFree(y[m]);
+                cudaFree(y_alone[m]);
+                cudaFree(bias[m]);
+            }
+            cudaFree(residual);
+        }
+        cudaFree(x);
+        cudaFree(nw);
+    }
+    return failures;
+}
 
 int main(int argc, char** argv) try {
     bool bench = true;
@@ -623,6 +861,16 @@ int main(int argc, char** argv) try {
             bench = false;
         } else if (a == "--host-selftest") {
             return host_selftest();
+        } else if (a == "--formats" && i + 1 < argc) {
+            g_formats.clear();
+            const std::string list = std::string(argv[++i]) + ",";
+            for (size_t p = 0, e; (e = list.find(',', p)) != std::string::npos; p = e + 1) {
+                const std::string want = list.substr(p, e - p);
+                const auto it = std::find_if(std::begin(kQuantFormats), std::end(kQuantFormats),
+                                             [&](Fmt f) { return want == name_of(f); });
+                if (it == std::end(kQuantFormats)) die(text("--formats: unknown format '%s'", want.c_str()));
+                g_formats.push_back(*it);
+            }
         } else if (a == "--shapes" && i + 1 < argc) {
             shapes.clear();
             std::string list = argv[++i];
@@ -635,7 +883,8 @@ int main(int argc, char** argv) try {
                 p = e + 1;
             }
         } else {
-            die(text("unknown argument '%s' (usage: scr_cuda_quant_gemv [--no-bench] [--shapes NxK,...] [--host-selftest])", a.c_str()));
+            die(text("unknown argument '%s' (usage: scr_cuda_quant_gemv [--no-bench] [--shapes NxK,...] [--formats a,b,...] "
+                     "[--host-selftest])", a.c_str()));
         }
     }
     if (host_selftest()) return 1;
@@ -658,7 +907,8 @@ int main(int argc, char** argv) try {
         int rows;
         bool epilogue;  // with a linear bias and a residual added
     };
-    const Check checks[] = {{1, false}, {3, false}, {8, false}, {13, false}, {kMaxRows, false}, {5, true}};
+    const Check checks[] = {{1, false}, {2, false}, {3, false}, {4, false}, {8, false}, {13, false}, {16, false},
+                            {kMaxRows, false}, {5, true}};
     const int bench_rows[] = {1, 2, 4, 8, 16, 64};
     for (const Shape& sh : shapes) {
         const int n = sh.n, k = sh.k;
@@ -702,7 +952,7 @@ int main(int argc, char** argv) try {
             for (auto& w : ws) free_weights(w);
         }
 
-        for (Fmt f : kQuantFormats) {
+        for (Fmt f : g_formats) {
             const Sizes s = sizes_of(f, n, k);
             // Correctness on one weight set.
             DevWeights w0 = make_weights(f, n, k, 11);
@@ -785,8 +1035,39 @@ int main(int argc, char** argv) try {
             const int copies = int(std::clamp<size_t>((size_t(4) * prop.l2CacheSize + s.total() - 1) / s.total(), 1, 64));
             std::vector<DevWeights> ws;
             for (int c = 0; c < copies; ++c) ws.push_back(make_weights(f, n, k, 500 + c));
-            for (QuantGemvPath path : kPaths)
+            struct Run {
+                Fmt fmt;
+                QuantGemvPath path;
+            };
+            std::vector<Run> runs = {{f, QuantGemvPath::mma}, {f, QuantGemvPath::simt}};
+            if (f == Fmt::fp8) {
+                // The conversion A/B: cvt.rn.f16x2.e4m3x2 instead of the bit path, same weights; it must
+                // give the same bits (both conversions are exact).
+                runs.insert(runs.begin() + 1, Run{Fmt::fp8_cvt, QuantGemvPath::mma});
+                for (int rows : {1, 16}) {
+                    QuantLinearArgs a;
+                    a.q = ws[0].q;
+                    a.scales = ws[0].scales;
+                    a.x = x;
+                    a.n = n;
+                    a.k = k;
+                    a.rows = rows;
+                    a.y = y;
+                    launch(Fmt::fp8, QuantGemvPath::mma, st, a);
+                    a.y = y_alone;
+                    launch(Fmt::fp8_cvt, QuantGemvPath::mma, st, a);
+                    CK(cudaStreamSynchronize(st));
+                    CK(cudaMemcpy(hy.data(), y, sizeof(float) * rows * n, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(hy_alone.data(), y_alone, sizeof(float) * rows * n, cudaMemcpyDeviceToHost));
+                    const bool same = std::memcmp(hy.data(), hy_alone.data(), sizeof(float) * rows * n) == 0;
+                    failures += same ? 0 : 1;
+                    std::printf("check %6dx%-5d fp8 mma rows %2d: cvt conversion gives the bit path's bits -> %s\n", n, k, rows,
+                                same ? "ok" : "FAILED");
+                }
+            }
+            for (const Run& run : runs)
                 for (int rows : bench_rows) {
+                    const QuantGemvPath path = run.path;
                     const double us = time_us(st, std::max(2 * copies, 24), [&](int i) {
                         QuantLinearArgs a;
                         a.q = ws[i % copies].q;
@@ -797,10 +1078,10 @@ int main(int argc, char** argv) try {
                         a.n = n;
                         a.k = k;
                         a.rows = rows;
-                        launch(f, path, st, a);
+                        launch(run.fmt, path, st, a);
                     });
                     const double gbs = double(s.total()) / (us * 1e-6) / 1e9;
-                    const std::string label = std::string(name_of(f)) + " " + name_of(path);
+                    const std::string label = std::string(name_of(run.fmt)) + " " + name_of(path);
                     table.push_back(text("%6dx%-5d %-11s %-19s %4d %9.2f %7.0f %5.1f%% %5.2fx", n, k, sh.what, label.c_str(), rows, us,
                                          gbs, 100.0 * gbs / copy, bf16_us[rows] / us));
                 }
@@ -812,6 +1093,7 @@ int main(int argc, char** argv) try {
         cudaFree(bias);
         cudaFree(residual);
     }
+    failures += fused_checks(st);
     CK(cudaDeviceSynchronize());
     if (bench) {
         std::printf("\nGB/s: bytes the kernel must read (packed weights + scales + biases; x and y not counted) per "
