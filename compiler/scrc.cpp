@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
         auto config = read_json(config_path);
         if (stem.empty()) stem = fs::path(config_path).stem().string();
         auto preset = quant::load_preset(quant_path);
-        // The CUDA emitter checks the format itself (MLX int4 and int8 run there, fp8 is refused by name).
+        // The CUDA emitter checks the format itself (MLX int4, int8 and fp8 run there; others are refused by name).
         if (preset.quantized() && target != "cpu" && target != "cuda")
             fail("quant preset {}: quantized weight formats are implemented for the cpu and cuda targets only so far (not {})",
                  preset.name, target);

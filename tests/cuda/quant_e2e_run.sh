@@ -24,7 +24,9 @@ step() {  # step NAME TIMEOUT CMD...: run, keep the log in $OUT/NAME.txt, record
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 # Most important first: a run cut short still returns what it did.
-step e2e_tiny 50 python3 tests/cuda/quant_e2e.py check $C/scr "$CARRY" --rtol 2e-3
+# Without expected.f32.xz in CARRY (too big to travel beside the binaries), the CUDA logits come back in
+# $OUT/got.json + got.f32.xz; then, here: python3 tests/cuda/quant_e2e.py compare CARRY_DIR GOT_DIR.
+step e2e_tiny 60 python3 tests/cuda/quant_e2e.py check $C/scr "$CARRY" --rtol 2e-3 --record "$OUT"
 cat "$OUT/e2e_tiny.txt"
 if [ -n "$ONE_B" ]; then
     step make_random_1b 25 $C/scr make-random "${ONE_B_CONFIG:-models/configs/llama/llama-3.2-1b.json}" /tmp/l1b --dtype bf16
