@@ -52,6 +52,11 @@ if [ -f compiler/targets/cuda_emitter.cpp ] && command -v nvcc >/dev/null 2>&1; 
   cmake -S . -B build-cuda-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DSCR_TARGET=cuda -DSCR_NATIVE=OFF \
     -DSCR_MODELS="tiny-llama;tiny-qwen3-moe" -DSCR_QUANT="bf16" -DSCR_TESTS=OFF
   cmake --build build-cuda-ci -j"$jobs" --target scr
+  # The quantized kernels (MLX int4, int8, fp8 per channel and per tensor) too: the same build
+  # folder reconfigured, so only the generated models and the link are redone. MoE takes no
+  # quantized preset, hence tiny-llama alone.
+  cmake -S . -B build-cuda-ci -DSCR_MODELS="tiny-llama" -DSCR_QUANT="mlx-int4-g32;int8;fp8;fp8-tensor"
+  cmake --build build-cuda-ci -j"$jobs" --target scr
 fi
 if command -v clang++ >/dev/null 2>&1; then
   echo "== 4. libFuzzer on the parsers of untrusted input (config.json, safetensors, tokenizer/templates, HTTP)"
