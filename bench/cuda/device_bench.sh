@@ -107,7 +107,10 @@ rm -rf "$D1" "$D8"
 step make_random_1b 30 $SCR make-random $CFG/llama/llama-3.2-1b.json "$D1" --dtype bf16 &&
     step bench_1b 60 $BENCH "$D1" --prompt 128 --decode 128 --prefill 2048 --batches 16,64,256
 # The same decode batches with cuBLASLt from 9 rows (instead of the MMA linear up to 256): an A/B.
-[ -f "$D1/model.safetensors" ] && step bench_1b_cublas9 40 env SCR_CUDA_CUBLAS_MIN_ROWS=9 $BENCH "$D1" --prompt 128 --decode 16 --prefill 0 --batches 16,64,256
+# The session-3 decode kernels from the same binary (GEMV one row per warp, RoPE as its own launch;
+# one cuBLASLt algorithm for all decode batches), for the A/B of docs/CUDA.md.
+[ -f "$D1/model.safetensors" ] && step bench_1b_before 40 env SCR_CUDA_GEMV=row SCR_CUDA_ROPE_ATTN=0 SCR_CUDA_CUBLAS_DECODE=single \
+    $BENCH "$D1" --prompt 128 --decode 64 --prefill 0 --batches 16,64,256
 step make_random_8b 60 $SCR make-random $CFG/llama/llama-3.1-8b.json "$D8" --dtype bf16 &&
     step bench_8b 90 $BENCH "$D8" --prompt 128 --decode 128 --prefill 2048 --batches 16,64,256
 
@@ -121,7 +124,9 @@ peers peers_8b "$D8" 120 --label llama-3.1-8b
 rm -rf "$D8" "$D1"
 
 # ---- Qwen3-30B-A3B (61 GB): fewer steps
-if D30=$(room_for 62000000000); then
+if ! $SCR models 2>/dev/null | grep -q qwen3-30b-a3b; then
+    note "30B-A3B: SKIPPED (not compiled into this scr)"
+elif D30=$(room_for 62000000000); then
     D30=$D30/scr-q30b
     rm -rf "$D30"
     step make_random_30b 120 $SCR make-random $CFG/qwen3_moe/qwen3-30b-a3b.json "$D30" --dtype bf16 &&

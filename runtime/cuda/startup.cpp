@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -107,7 +108,15 @@ void wait_device_open() { finish_open(); }
 bool device_opening() { return opener().running.load(); }
 
 size_t prefault_while_opening(const ModelInfo& info, const WeightSet& weights, ThreadPool& pool) {
-    if (!device_opening()) return 0;
+    // Off unless SCR_CUDA_PREFAULT=1: measured on the H200 right after `scr make-random` wrote the
+    // file, faulting 16 GB in from every thread slowed the context's own opening (both take the
+    // process's mmap lock) and first token came at 1.6 s instead of 0.8 s; on a mapping faulted
+    // before (a second process) it helped (0.69 s). Kept as an option until measured both ways.
+    static const bool enabled = [] {
+        const char* e = std::getenv("SCR_CUDA_PREFAULT");
+        return e && std::strcmp(e, "1") == 0;
+    }();
+    if (!enabled || !device_opening()) return 0;
     std::vector<size_t> offsets;
     size_t total = 0;
     const auto pieces = layout(info, weights, offsets, total);

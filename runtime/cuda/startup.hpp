@@ -24,9 +24,10 @@ void wait_device_open();
 // True while the background opening is still running.
 bool device_opening();
 
-// Until the device is open (and at most once over the tensors), faults the weights' host pages in
-// from all threads (madvise(MADV_POPULATE_READ), reading from disk if the file is not cached), so the
-// upload then copies from mapped memory at memory speed. Returns the bytes it covered.
+// With SCR_CUDA_PREFAULT=1: until the device is open (and at most once over the tensors), faults
+// the weights' host pages in from all threads (madvise(MADV_POPULATE_READ), reading from disk if the
+// file is not cached), so the upload then copies from resident pages. Off by default (startup.cpp
+// says why). Returns the bytes it covered.
 size_t prefault_while_opening(const ModelInfo& info, const WeightSet& weights, ThreadPool& pool);
 
 struct DeviceWeights {
