@@ -30,12 +30,14 @@
 // In both, a row's arithmetic does not depend on the other rows, so results are batch-invariant.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
+#include <cooperative_groups.h>
 #include <cuda_fp8.h>
 
 #include "kernels/cuda/common.cuh"
@@ -596,8 +598,10 @@ __global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const _
     const int nw = blockDim.x / kWarp;
     const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
     const int g = lane / 4, t = lane % 4;
-    const int CH = p.k / CK / nw;  // chunks per warp
-    const int c_first = warp * CH;
+    // Split K: gridDim.z blocks of one cluster (qmma_split) each take a slice of K, their nw warps
+    // split it again; the slices are K-order, warp by warp, block by block.
+    const int CH = p.k / CK / (nw * int(gridDim.z));  // chunks per warp
+    const int c_first = (int(blockIdx.z) * nw + warp) * CH;
     const int row0 = blockIdx.y * (SWIGLU ? 16 : 16 * MT);  // SwiGLU: the two tiles share their rows
     const int tok0 = blockIdx.x * (TN * 8);
     const size_t row_bytes = size_t(p.k) / CK * 64;
@@ -843,6 +847,24 @@ __global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const _
         if (warp < half) each_partial([&](float& a, int v) { a += red[warp][v][lane]; });
         __syncthreads();
     }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (gridDim.z > 1) {
+        // The cluster's blocks (one per K slice) meet in block 0's registers through distributed
+        // shared memory, added in rank order (fixed: the split depends on the shape only).
+        namespace cg = cooperative_groups;
+        cg::cluster_group cluster = cg::this_cluster();
+        if (warp == 0) each_partial([&](float& a, int v) { red[0][v][lane] = a; });
+        cluster.sync();
+        const unsigned rank = cluster.block_rank();
+        if (rank == 0 && warp == 0)
+            for (unsigned r = 1; r < cluster.num_blocks(); ++r) {
+                const float* remote = cluster.map_shared_rank(&red[0][0][0], r);
+                each_partial([&](float& a, int v) { a += remote[v * kWarp + lane]; });
+            }
+        cluster.sync();  // the other blocks' shared memory stays alive until block 0 has read it
+        if (rank != 0) return;
+    }
+#endif
     if (warp != 0) return;
     // Lane (g, t) holds rows g and g + 8 of each tile for token columns 2t and 2t + 1.
 #pragma unroll
@@ -890,13 +912,98 @@ __global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const _
         }
 }
 
+// Split of K in the tensor-core kernel (SCR_CUDA_QUANT_SPLITK): K slices per 16-row tile = warps per
+// block x blocks per cluster (along K, reduced through distributed shared memory in rank order).
+//   0 (default): the original split: up to 8 warps of one block (qmma_warps), no cluster;
+//   1: one wave: the most slices (powers of two, whole chunks per warp) for which every
+//      warp of the launch is resident at once (row tiles x slices <= the SMs' resident warps of the
+//      kernel), at least 1: few row tiles (2048-row q/o/down at 1B) get a cluster of 2 blocks, many
+//      (gate/up, lm_head) fewer warps that stream more chunks each, loads one round ahead. Measured on
+//      the H200 (docs/CUDA.md): int4-g64 1B shapes 1.0x / 1.12x / 1.26x / 1.29x (q-o / gate-up / down /
+//      lm_head) at batch 1; more slices than one wave (a second wave) was slower at every shape. Not
+//      the default yet: this exact rule (resident warps from the occupancy API) has not run on a GPU.
+// The split depends on the shape, the format and the kernel variant only (never on the number of
+// token rows: a row's bits depend on the split, and must not depend on the batch).
+struct QMmaSplit {
+    int warps = 1;   // per block
+    int blocks = 1;  // per cluster (along K)
+};
+inline int quant_splitk_mode() {
+    static const int mode = [] {
+        const char* e = std::getenv("SCR_CUDA_QUANT_SPLITK");
+        return e && *e ? std::atoi(e) : 0;
+    }();
+    return mode;
+}
+// SCR_CUDA_QUANT_SPLITK_WARPS=n replaces the resident-warp count (A/B runs); 0: the device's.
+inline int quant_splitk_warps_override() {
+    static const int v = [] {
+        const char* e = std::getenv("SCR_CUDA_QUANT_SPLITK_WARPS");
+        return e && *e ? std::max(0, std::atoi(e)) : 0;
+    }();
+    return v;
+}
+inline QMmaSplit qmma_split(int row_tiles, int chunks, int mode, int resident_warps) {
+    QMmaSplit s;
+    s.warps = qmma_warps(chunks);
+    if (mode <= 0) return s;
+    int slices = 1;
+    while (slices < kMmaMaxWarps * 8 && chunks % (2 * slices) == 0 && int64_t(row_tiles) * 2 * slices <= resident_warps)
+        slices *= 2;
+    s.warps = std::min(slices, kMmaMaxWarps);
+    s.blocks = slices / s.warps;
+    return s;
+}
+// The split of the last tensor-core launch on this thread (the test prints it).
+inline QMmaSplit& qmma_last_split() {
+    static thread_local QMmaSplit s;
+    return s;
+}
+
+// Warps of quant_mma_kernel<F, 1, SWIGLU, NORM> resident on the whole GPU in blocks of 8 warps
+// (registers decide: 128 per thread -> 2 blocks per SM). From the one-token-tile variant whatever TN
+// a launch uses, so the split stays the same for any number of rows.
+template <class F, bool SWIGLU, bool NORM>
+int qmma_resident_warps();
+
 template <class F, int TN, bool SWIGLU, bool NORM>
 void launch_quant_mma(const Ctx& c, const QuantFusedArgs& a) {
     int n_total = a.mat[0].n;
     if (!SWIGLU)
         for (int m = 1; m < a.nmat; ++m) n_total += a.mat[m].n;
-    const int nw = qmma_warps(a.k / F::kMmaChunk);
-    launch(c, quant_mma_kernel<F, TN, SWIGLU, NORM>, dim3(ceil_div(a.rows, TN * 8), ceil_div(n_total, 16)), dim3(nw * kWarp), a);
+    const int row_tiles = ceil_div(n_total, 16);
+    const int mode = quant_splitk_mode();
+    const int resident = mode <= 0 ? 0
+                         : quant_splitk_warps_override() > 0 ? quant_splitk_warps_override()
+                                                             : qmma_resident_warps<F, SWIGLU, NORM>();
+    const QMmaSplit s = qmma_split(row_tiles, a.k / F::kMmaChunk, mode, resident);
+    qmma_last_split() = s;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(ceil_div(a.rows, TN * 8), row_tiles, s.blocks);
+    cfg.blockDim = dim3(s.warps * kWarp);
+    cfg.stream = c.stream;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = c.pdl ? 1 : 0;
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = 1;
+    attr[1].val.clusterDim.y = 1;
+    attr[1].val.clusterDim.z = s.blocks;
+    cfg.attrs = attr;
+    cfg.numAttrs = s.blocks > 1 ? 2 : 1;
+    cudaLaunchKernelEx(&cfg, quant_mma_kernel<F, TN, SWIGLU, NORM>, a);
+}
+
+template <class F, bool SWIGLU, bool NORM>
+int qmma_resident_warps() {
+    static const int warps = [] {
+        int dev = 0, sms = 0, blocks = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_mma_kernel<F, 1, SWIGLU, NORM>, kMmaMaxWarps * kWarp, 0);
+        return std::max(1, sms * blocks * kMmaMaxWarps);
+    }();
+    return warps;
 }
 
 // Token-row tiles per block: up to 64 rows (8 tiles); the fused variants (SwiGLU's two weight

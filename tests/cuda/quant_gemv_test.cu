@@ -14,8 +14,13 @@
 //     their combinations) against the float64 reference of the unfused math, same bounds, and their
 //     batch invariance;
 //   * fp8: the cvt.rn.f16x2.e4m3x2 conversion variant has the bits of the default one (bench runs);
-//   * host self-test (also without a GPU): the unpacking bit tricks, and a warp of the tensor-core
-//     kernel emulated on the host from its own per-lane functions against the float64 reference;
+//   * host self-test (also without a GPU): the unpacking bit tricks, a warp of the tensor-core
+//     kernel emulated on the host from its own per-lane functions against the float64 reference, and
+//     the split-K choice (qmma_split) against its rule;
+//   * the tensor-core kernel runs with the split of SCR_CUDA_QUANT_SPLITK (0, the default: the original
+//     one-block split; 1: one wave of warps, clusters of blocks along K where the row tiles are few),
+//     printed as "warps x blocks" in the check lines and the table: run the binary once per
+//     value to check and time both;
 //   * timing (unless --no-bench): CUDA events around a captured graph of back-to-back launches that
 //     rotate over enough weight copies to miss L2; GB/s of the bytes the kernel must read (packed
 //     weights + scales + biases) beside the device copy bandwidth and the existing bf16 linear
@@ -176,6 +181,14 @@ void launch_as(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path) {
     if (path == QuantGemvPath::mma && !qdetail::quant_mma_fits<F>(a))
         die(text("the tensor-core path does not take %dx%d (or the pointers' alignment)", a.n, a.k));
     quant_linear<F>(c, a, path);
+}
+
+// The tensor-core kernel's K split in the last launch (SCR_CUDA_QUANT_SPLITK, qmma_split): "warps x
+// blocks per cluster", for the check lines and the timing table.
+std::string split_of(QuantGemvPath path) {
+    if (path != QuantGemvPath::mma) return "";
+    const qdetail::QMmaSplit s = qdetail::qmma_last_split();
+    return text(" %dx%d", s.warps, s.blocks);
 }
 
 void launch(Fmt f, QuantGemvPath path, cudaStream_t st, const QuantLinearArgs& a) {
@@ -653,7 +666,33 @@ int host_selftest() {
     std::printf("host selftest (tensor-core warp emulated, int4 g32/g64/g128 + int8 + fp8 channel/tensor, 16 rows x 8 tokens, "
                 "against float64, bound 2e-5 B + 1e-6): worst err/bound %.3g, %d wrong; negative control caught %d/6: %s\n",
                 worst, ebad, control, ebad == 0 && control == 6 ? "ok" : "FAILED");
-    return bad || xbad || ebad || control != 6 ? 1 : 0;
+    // The split-K choice (qmma_split): a valid launch for every shape (whole chunks per warp, at most
+    // 8 warps and 8 blocks per cluster), mode 0 is the original split, mode 1 fits one wave (row tiles
+    // x slices <= resident warps, or 1 slice) and could not double without leaving it.
+    int sbad = 0;
+    for (int mode = 0; mode <= 1; ++mode)
+        for (int resident : {1056, 2112, 16384})
+            for (int tiles : {1, 7, 64, 128, 192, 512, 8016})
+                for (int chunks : {1, 3, 6, 16, 24, 64, 112, 256}) {
+                    const qdetail::QMmaSplit sp = qdetail::qmma_split(tiles, chunks, mode, resident);
+                    const int slices = sp.warps * sp.blocks, old = qdetail::qmma_warps(chunks);
+                    if (sp.warps < 1 || sp.warps > 8 || sp.blocks < 1 || sp.blocks > 8 || chunks % slices != 0) ++sbad;
+                    if (mode == 0 && (sp.warps != old || sp.blocks != 1)) ++sbad;
+                    if (mode == 1 && slices > 1 && int64_t(tiles) * slices > resident) ++sbad;  // a second wave
+                    if (mode == 1 && slices < 64 && chunks % (2 * slices) == 0 && int64_t(tiles) * 2 * slices <= resident) ++sbad;
+                    if (mode == 1 && sp.blocks > 1 && sp.warps != 8) ++sbad;  // clusters only once blocks are full
+                }
+    // The 1B shapes of the timing table on the H200 (132 SMs x 16 warps), by hand from the rule
+    // (int4: chunks of 128 k): q/o and down one cluster of 2 full blocks, gate/up 4 warps, lm_head 1.
+    const auto split_is = [](int n, int k, int warps, int blocks) {
+        const qdetail::QMmaSplit sp = qdetail::qmma_split((n + 15) / 16, k / 128, 1, 132 * 16);
+        return sp.warps == warps && sp.blocks == blocks;
+    };
+    sbad += !split_is(2048, 2048, 8, 2) + !split_is(2048, 8192, 8, 2) + !split_is(8192, 2048, 4, 1) + !split_is(128256, 2048, 1, 1) +
+            !split_is(3072, 2048, 8, 1);
+    std::printf("host selftest (split-K choice, 336 tile/chunk/mode/resident cases + the 1B shapes): %d wrong: %s\n", sbad,
+                sbad ? "FAILED" : "ok");
+    return bad || xbad || ebad || control != 6 || sbad ? 1 : 0;
 }
 
 }  // namespace
@@ -951,7 +990,7 @@ int main(int argc, char** argv) try {
                 if (!written) ++failures;
                 bf16_us[rows] = us;
                 const double gbs = double(s.total()) / (us * 1e-6) / 1e9;
-                table.push_back(text("%6dx%-5d %-11s %-19s %4d %9.2f %7.0f %5.1f%% %6s%s", n, k, sh.what, "bf16 (dense)", rows, us,
+                table.push_back(text("%6dx%-5d %-11s %-22s %4d %9.2f %7.0f %5.1f%% %6s%s", n, k, sh.what, "bf16 (dense)", rows, us,
                                      gbs, 100.0 * gbs / copy, "1.00x", written ? "" : "  UNWRITTEN OUTPUT"));
             }
             for (auto& w : ws) free_weights(w);
@@ -1013,9 +1052,9 @@ int main(int argc, char** argv) try {
                     }
                     const bool ok = unwritten == 0 && wrong == 0;
                     failures += ok ? 0 : 1;
-                    std::printf("check %6dx%-5d %-13s %-4s rows %2d%s: %zu outputs checked, err/tol max %.2e, "
+                    std::printf("check %6dx%-5d %-13s %-4s%s rows %2d%s: %zu outputs checked, err/tol max %.2e, "
                                 "||err||/||ref|| %.2e, wrong %zu, unwritten %zu -> %s\n",
-                                n, k, name_of(f), name_of(path), rows, ck.epilogue ? " +bias+residual" : "", checked, worst,
+                                n, k, name_of(f), name_of(path), split_of(path).c_str(), rows, ck.epilogue ? " +bias+residual" : "", checked, worst,
                                 std::sqrt(err2 / ref2), wrong, unwritten, ok ? "ok" : "FAILED");
                 }
                 // Batch invariance: each row alone (bias + residual too) against the same row in a batch of 64.
@@ -1088,8 +1127,8 @@ int main(int argc, char** argv) try {
                         launch(run.fmt, path, st, a);
                     });
                     const double gbs = double(s.total()) / (us * 1e-6) / 1e9;
-                    const std::string label = std::string(name_of(run.fmt)) + " " + name_of(path);
-                    table.push_back(text("%6dx%-5d %-11s %-19s %4d %9.2f %7.0f %5.1f%% %5.2fx", n, k, sh.what, label.c_str(), rows, us,
+                    const std::string label = std::string(name_of(run.fmt)) + " " + name_of(path) + split_of(path);
+                    table.push_back(text("%6dx%-5d %-11s %-22s %4d %9.2f %7.0f %5.1f%% %5.2fx", n, k, sh.what, label.c_str(), rows, us,
                                          gbs, 100.0 * gbs / copy, bf16_us[rows] / us));
                 }
             for (auto& w : ws) free_weights(w);
@@ -1106,7 +1145,7 @@ int main(int argc, char** argv) try {
         std::printf("\nGB/s: bytes the kernel must read (packed weights + scales + biases; x and y not counted) per "
                     "launch time; %% of the device copy bandwidth %.0f GB/s; speed-up over the bf16 GEMV, same rows\n",
                     copy);
-        std::printf("%12s %-11s %-19s %4s %9s %7s %6s %6s\n", "N x K", "layer", "format kernel", "rows", "us", "GB/s", "%copy",
+        std::printf("%12s %-11s %-22s %4s %9s %7s %6s %6s\n", "N x K", "layer", "format kernel", "rows", "us", "GB/s", "%copy",
                     "vs bf16");
         for (auto& line : table) std::printf("%s\n", line.c_str());
     }
