@@ -15,8 +15,10 @@ export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRA
 export SCR_REQUIRE_GPU=1
 command -v compute-sanitizer >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
 summary=()
-step() {  # step NAME TIMEOUT CMD...
+step() {  # step NAME TIMEOUT CMD... (skipped when the carry lacks the binary it runs)
     local name=$1 limit=$2; shift 2
+    local bin
+    for bin in "$@"; do case $bin in $C/*) [ -x "$bin" ] || { summary+=("$name: skipped (no $(basename "$bin") in the carry)"); return; } ;; esac; done
     local t0=$SECONDS
     timeout "$limit" "$@" > /tmp/step.txt 2>&1
     local rc=$?

@@ -1,0 +1,45 @@
+#!/bin/bash
+# Issue #9's CUDA figures in one call of the run tool (docs/CUDA.md, "Quantized presets end to end"):
+#   OUT=$OUT bash tests/cuda/quant_bench_run.sh CARRY_DIR
+# CARRY_DIR/bin.tar.xz: `scr` of a CUDA build with llama-3.2-1b x bf16, mlx-int4-g64, int8, fp8.
+# A random Llama-3.2-1B is made and quantized on the machine (`scr quantize`), then batch-1 decode
+# and 128-token prefill of each preset side by side (`scr bench --mode forward`, CUDA graphs), the
+# fused quantized launches against the unfused ones (SCR_CUDA_QUANT_FUSED=0: logits and speed), and
+# greedy text of every preset from the same prompt.
+set -u
+CARRY=${1:-.quant-carry}
+OUT=${OUT:-/tmp/scr-quant-out}
+LOGS=$OUT/logs
+mkdir -p "$LOGS"
+C=/tmp/scr-quant-bin
+mkdir -p $C && tar -C $C -xJf "$CARRY/bin.tar.xz" || { echo "cannot unpack $CARRY/bin.tar.xz"; exit 1; }
+export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PYTHONUNBUFFERED=1 SCR_HUGE_PAGES=0
+summary=()
+step() {  # step NAME TIMEOUT CMD...
+    local name=$1 limit=$2; shift 2
+    local t0=$SECONDS
+    timeout "$limit" "$@" > "$LOGS/$name.txt" 2>&1
+    local rc=$?
+    summary+=("$name: rc=$rc ($((SECONDS - t0)) s)")
+}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+step make_random_1b 30 $C/scr make-random models/configs/llama/llama-3.2-1b.json /tmp/l1b --dtype bf16
+for p in mlx-int4-g64 int8 fp8; do step "quantize_$p" 30 $C/scr quantize /tmp/l1b "/tmp/l1b-$p" --preset "$p"; done
+du -sb /tmp/l1b /tmp/l1b-* 2>/dev/null
+BENCH="--mode forward --batch 1 --context 128 --input-len 128 --iters 50"
+for round in 1 2; do
+    for m in l1b l1b-mlx-int4-g64 l1b-int8 l1b-fp8; do
+        step "bench_${m}_$round" 30 $C/scr bench /tmp/$m $BENCH
+        echo "== $m round $round: $(grep -h '^forward:\|^prefill\|^decode' "$LOGS/bench_${m}_$round.txt" | tr '\n' ' ')"
+    done
+done
+for m in l1b-mlx-int4-g64 l1b-int8 l1b-fp8; do
+    step "bench_${m}_unfused" 30 env SCR_CUDA_QUANT_FUSED=0 $C/scr bench /tmp/$m $BENCH
+    echo "== $m SCR_CUDA_QUANT_FUSED=0: $(grep -h '^forward:\|^prefill\|^decode' "$LOGS/bench_${m}_unfused.txt" | tr '\n' ' ')"
+done
+step fused_ab 60 python3 tests/cuda/quant_fused_ab.py $C/scr \
+    l1b-int4-g64=/tmp/l1b-mlx-int4-g64:mlx-int4-g64:ready l1b-int8=/tmp/l1b-int8:int8:ready l1b-fp8=/tmp/l1b-fp8:fp8:ready
+echo "== fused vs unfused logits"; tail -8 "$LOGS/fused_ab.txt"
+printf '%s\n' "${summary[@]}"
+cp "$LOGS"/bench_l1b*_1.txt "$OUT/" 2>/dev/null
