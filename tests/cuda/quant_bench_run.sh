@@ -1,11 +1,12 @@
 #!/bin/bash
 # Issue #9's CUDA figures in one call of the run tool (docs/CUDA.md, "Quantized presets end to end"):
-#   OUT=$OUT bash tests/cuda/quant_bench_run.sh CARRY_DIR
-# CARRY_DIR/bin.tar.xz: `scr` of a CUDA build with llama-3.2-1b x bf16, mlx-int4-g64, int8, fp8.
+#   OUT=$OUT [PRESETS="mlx-int4-g64 int8 fp8"] [AB_ENV=SCR_CUDA_QUANT_FUSED=0] [FUSED_AB=1] \
+#       bash tests/cuda/quant_bench_run.sh CARRY_DIR
+# CARRY_DIR/bin.tar.xz: `scr` of a CUDA build with llama-3.2-1b x bf16 and the PRESETS.
 # A random Llama-3.2-1B is made and quantized on the machine (`scr quantize`), then batch-1 decode
-# and 128-token prefill of each preset side by side (`scr bench --mode forward`, CUDA graphs), the
-# fused quantized launches against the unfused ones (SCR_CUDA_QUANT_FUSED=0: logits and speed), and
-# greedy text of every preset from the same prompt.
+# and 128-token prefill of each preset side by side (`scr bench --mode forward`, CUDA graphs, two
+# rounds), each quantized model again with AB_ENV (default: the unfused launches), and the fused
+# launches' logits against the unfused ones (tests/cuda/quant_fused_ab.py; FUSED_AB=0 skips it).
 set -u
 CARRY=${1:-.quant-carry}
 OUT=${OUT:-/tmp/scr-quant-out}
@@ -25,21 +26,24 @@ step() {  # step NAME TIMEOUT CMD...
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 step make_random_1b 30 $C/scr make-random models/configs/llama/llama-3.2-1b.json /tmp/l1b --dtype bf16
-for p in mlx-int4-g64 int8 fp8; do step "quantize_$p" 30 $C/scr quantize /tmp/l1b "/tmp/l1b-$p" --preset "$p"; done
+PRESETS=${PRESETS:-mlx-int4-g64 int8 fp8}
+AB_ENV=${AB_ENV:-SCR_CUDA_QUANT_FUSED=0}
+for p in $PRESETS; do step "quantize_$p" 30 $C/scr quantize /tmp/l1b "/tmp/l1b-$p" --preset "$p"; done
 du -sb /tmp/l1b /tmp/l1b-* 2>/dev/null
 BENCH="--mode forward --batch 1 --context 128 --input-len 128 --iters 50"
 for round in 1 2; do
-    for m in l1b l1b-mlx-int4-g64 l1b-int8 l1b-fp8; do
+    for m in l1b $(for p in $PRESETS; do echo l1b-$p; done); do
         step "bench_${m}_$round" 30 $C/scr bench /tmp/$m $BENCH
         echo "== $m round $round: $(grep -h '^forward:\|^prefill\|^decode' "$LOGS/bench_${m}_$round.txt" | tr '\n' ' ')"
     done
 done
-for m in l1b-mlx-int4-g64 l1b-int8 l1b-fp8; do
-    step "bench_${m}_unfused" 30 env SCR_CUDA_QUANT_FUSED=0 $C/scr bench /tmp/$m $BENCH
-    echo "== $m SCR_CUDA_QUANT_FUSED=0: $(grep -h '^forward:\|^prefill\|^decode' "$LOGS/bench_${m}_unfused.txt" | tr '\n' ' ')"
+for p in $PRESETS; do
+    m=l1b-$p
+    step "bench_${m}_ab" 30 env $AB_ENV $C/scr bench /tmp/$m $BENCH
+    echo "== $m $AB_ENV: $(grep -h '^forward:\|^prefill\|^decode' "$LOGS/bench_${m}_ab.txt" | tr '\n' ' ')"
 done
-step fused_ab 60 python3 tests/cuda/quant_fused_ab.py $C/scr \
+[ "${FUSED_AB:-1}" = 1 ] && step fused_ab 60 python3 tests/cuda/quant_fused_ab.py $C/scr \
     l1b-int4-g64=/tmp/l1b-mlx-int4-g64:mlx-int4-g64:ready l1b-int8=/tmp/l1b-int8:int8:ready l1b-fp8=/tmp/l1b-fp8:fp8:ready
-echo "== fused vs unfused logits"; tail -8 "$LOGS/fused_ab.txt"
+[ -f "$LOGS/fused_ab.txt" ] && { echo "== fused vs unfused logits"; tail -8 "$LOGS/fused_ab.txt"; }
 printf '%s\n' "${summary[@]}"
 cp "$LOGS"/bench_l1b*_1.txt "$OUT/" 2>/dev/null
