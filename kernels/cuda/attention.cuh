@@ -22,6 +22,18 @@ struct AttnExtras {
     const float* sinks = nullptr;  // [HQ]: a logit per head that joins the softmax with no value
 };
 
+// What every attention block first reads about its token t (the step arrays are on the device
+// before the step's first kernel, so this may run before pdl_wait()).
+struct AttnToken {
+    int ctx;               // positions 0 .. ctx - 1 exist, the token's own included
+    int first;             // the oldest position it sees: ctx - window with a sliding window, else 0
+    const int32_t* table;  // its sequence's KV block ids
+};
+__device__ __forceinline__ AttnToken attn_token(const DevStep& st, int t, const AttnExtras& x) {
+    const int ctx = st.positions[t] + 1;
+    return {ctx, x.window > 0 ? max(0, ctx - x.window) : 0, st.block_tables + size_t(st.seq_of_token[t]) * st.header[kHeaderTableStride]};
+}
+
 namespace detail {
 
 template <int HKV, int D, int BS, typename KVT>
@@ -183,9 +195,7 @@ attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const 
         for (int i = threadIdx.x; i < G * D; i += blockDim.x) o[i] = 0.0f;
         return;
     }
-    const int ctx = st.positions[t] + 1;
-    const int first = x.window > 0 ? max(0, ctx - x.window) : 0;  // oldest visible position
-    const int32_t* table = st.block_tables + size_t(st.seq_of_token[t]) * st.header[kHeaderTableStride];
+    const auto [ctx, first, table] = attn_token(st, t, x);
     attend_group<HQ, HKV, D, BS, KVT>(g, ctx, first, table, q + (size_t(t) * HQ + size_t(g) * G) * D, kv, block_bytes, k_off, v_off,
                                       scale, x, o);
 }
@@ -215,9 +225,7 @@ rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, c
     if (t >= rows) return;
     // The step arrays were copied before the step's first kernel: readable before pdl_wait().
     const bool padding = t >= st.header[kHeaderTokens];
-    const int ctx = st.positions[t] + 1;
-    const int first = x.window > 0 ? max(0, ctx - x.window) : 0;  // oldest visible position
-    const int32_t* table = st.block_tables + size_t(st.seq_of_token[t]) * st.header[kHeaderTableStride];
+    const auto [ctx, first, table] = attn_token(st, t, x);
     const int nblocks = (ctx + BS - 1) / BS;
     if (!padding) {
         constexpr int kRowBytes = BS * D * int(sizeof(KVT));
@@ -297,9 +305,7 @@ attention_keys_kernel(int rows, const DevStep st, const float* __restrict__ q, c
         for (int i = threadIdx.x; i < G * D; i += blockDim.x) o[i] = 0.0f;
         return;
     }
-    const int ctx = st.positions[t] + 1;
-    const int first = x.window > 0 ? max(0, ctx - x.window) : 0;  // oldest visible position
-    const int32_t* table = st.block_tables + size_t(st.seq_of_token[t]) * st.header[kHeaderTableStride];
+    const auto [ctx, first, table] = attn_token(st, t, x);
     for (int i = threadIdx.x; i < G * D; i += blockDim.x) sm_q[i] = q[(size_t(t) * HQ + size_t(g) * G) * D + i];
     __syncthreads();
 

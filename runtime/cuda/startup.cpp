@@ -110,8 +110,9 @@ bool device_opening() { return opener().running.load(); }
 size_t prefault_while_opening(const ModelInfo& info, const WeightSet& weights, ThreadPool& pool) {
     // Off unless SCR_CUDA_PREFAULT=1: measured on the H200 right after `scr make-random` wrote the
     // file, faulting 16 GB in from every thread slowed the context's own opening (both take the
-    // process's mmap lock) and first token came at 1.6 s instead of 0.8 s; on a mapping faulted
-    // before (a second process) it helped (0.69 s). Kept as an option until measured both ways.
+    // process's mmap lock): 8B first token at 1.6 s, against 0.8 s in session 3 without it. On files
+    // a process had mapped before it gave 0.69 s, with no run without it to compare. Kept as an
+    // option until both cases are measured both ways (docs/CUDA.md, "Session 4").
     static const bool enabled = [] {
         const char* e = std::getenv("SCR_CUDA_PREFAULT");
         return e && std::strcmp(e, "1") == 0;
