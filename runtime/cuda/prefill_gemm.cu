@@ -103,7 +103,7 @@ struct State {
         cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
         bool ok = false;
     };
-    std::map<std::tuple<int, int, int>, Algo> algos;      // (n, k, m or 0 for the decode algorithm)
+    std::map<std::tuple<int, int, int>, Algo> algos;      // (n, k, m), or (n, k, -1 - bucket) for a decode bucket
     std::map<std::tuple<int, int, int>, Layouts> layouts;  // (m, n, k)
 
     // Scratch of at least `bytes` past the workspace, or null (capturing, or out of memory).
