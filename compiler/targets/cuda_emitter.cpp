@@ -449,6 +449,113 @@ private:
              g_.tensors[op.weights[0]].name, b_.preset.name);
     }
 
+    // ---- L2 prefetch lists (issue #6; kernels/cuda/common.cuh: l2_plan, l2_prefetch_part) ----
+    // A latency-bound launch (decode attention; the GEMV that ends a layer) gets the weight ranges
+    // the launches after it will stream, in launch order, and asks the L2 for a run-time budget of
+    // them while HBM would sit idle. Every address is known here up to the layer's base index.
+    static constexpr int kL2MaxRanges = 12;                         // kernels/cuda/step.hpp
+    static constexpr int64_t kL2ListBytes = int64_t(64) << 20;      // more than any run-time budget takes
+    static constexpr int64_t kL2SkipBytes = int64_t(16) << 10;  // norm vectors (<= 4096 f32), biases: not worth a range
+
+    int64_t tensor_bytes(int t) const {
+        const auto& x = g_.tensors[t];
+        int64_t n = dtype_bytes(x.dtype);
+        for (int64_t d : x.shape) n *= d;
+        return n;
+    }
+    // The weight tensors launch `i` streams, one stage per set read together (a grouped Q/K/V
+    // launch reads its members one after another; gate and up row for row). Quantized: the packed
+    // tensor with its scales and biases.
+    std::vector<std::vector<int>> launch_stages(int i) const {
+        const ir::Op& op = g_.ops[i];
+        std::vector<std::vector<int>> stages;
+        auto add = [&](std::vector<int>& v, int t) {
+            if (t < 0) return;
+            v.push_back(t);
+            if (g_.tensors[t].quantized()) {
+                v.push_back(g_.tensors[t].scales);
+                if (g_.tensors[t].biases >= 0) v.push_back(g_.tensors[t].biases);
+            }
+        };
+        if (op.kind == ir::OpKind::linear) {
+            for (int m : group_[i].size() > 1 ? group_[i] : std::vector<int>{i}) {
+                std::vector<int> v;
+                add(v, g_.ops[m].weights[0]);
+                stages.push_back(v);
+            }
+        } else if (op.kind == ir::OpKind::linear_swiglu) {
+            std::vector<int> v;
+            add(v, op.weights[0]);
+            add(v, op.weights[1]);
+            stages.push_back(v);
+        }
+        return stages;
+    }
+    // A k::L2Prefetch of the launches ops[from..] (up to kL2ListBytes), tensors named relative to
+    // `wl` (wl = wbase) or by absolute index.
+    std::string l2_list(const std::vector<int>& ops, size_t from, int wbase, bool relative) const {
+        std::vector<std::string> items;
+        int64_t bytes = 0;
+        int stage = 0;
+        bool full = false;
+        for (size_t j = from; j < ops.size() && !full; ++j) {
+            const int i = ops[j];
+            if (skip_[i]) continue;
+            if (g_.ops[i].kind == ir::OpKind::moe) break;  // experts are read sparsely, not in order
+            for (const auto& st : launch_stages(i)) {
+                std::vector<std::string> ranges;
+                int64_t stage_bytes = 0;
+                for (int t : st) {
+                    const int64_t n = tensor_bytes(t);
+                    if (n <= kL2SkipBytes) continue;
+                    ranges.push_back(fmt::format("{{dw<void>({}), {}, {}}}", relative ? fmt::format("wl + {}", t - wbase) : std::to_string(t),
+                                                 n, stage));
+                    stage_bytes += n;
+                }
+                if (ranges.empty()) continue;
+                if (items.size() + ranges.size() > size_t(kL2MaxRanges)) {
+                    full = true;
+                    break;
+                }
+                items.insert(items.end(), ranges.begin(), ranges.end());
+                bytes += stage_bytes;
+                ++stage;
+                if (bytes >= kL2ListBytes) {
+                    full = true;
+                    break;
+                }
+            }
+        }
+        if (items.empty()) return "k::L2Prefetch{}";
+        return fmt::format("k::L2Prefetch{{{{{}}}, {}}}", fmt::join(items, ", "), items.size());
+    }
+    // Which launches prefetch what (l2_ctx_): each decode attention the rest of its layer; the
+    // layer's last dense weight launch (down) the next layer's first launches, or in the last
+    // layer (run-time `l`) the ones after the layers (final norm, lm_head).
+    void plan_l2(const std::vector<std::vector<int>>& layer_ops, const std::vector<int>& wbases, const std::vector<int>& post) {
+        std::string prev_next;
+        for (size_t k = 0; k < layer_ops.size(); ++k) {
+            const auto& ops = layer_ops[k];
+            int last = -1;
+            for (size_t j = 0; j < ops.size(); ++j) {
+                const int i = ops[j];
+                if (skip_[i]) continue;
+                const ir::OpKind kind = g_.ops[i].kind;
+                if (kind == ir::OpKind::attention) l2_ctx_[i] = l2_list(ops, j + 1, wbases[k], true);
+                if (kind == ir::OpKind::attention || kind == ir::OpKind::moe || !launch_stages(i).empty()) last = i;
+            }
+            if (last < 0 || quantized_op(g_.ops[last]) ||
+                (g_.ops[last].kind != ir::OpKind::linear && g_.ops[last].kind != ir::OpKind::linear_swiglu))
+                continue;  // quantized launches (kernels/cuda/quant_ops.cuh) take no prefetch list yet
+            // The last layer's "next layer" branch is never taken; the same text keeps uniform layers one loop.
+            const std::string next = k + 1 < layer_ops.size() ? l2_list(layer_ops[k + 1], 0, wbases[k], true)
+                                     : prev_next.empty()       ? std::string("k::L2Prefetch{}")
+                                                               : prev_next;
+            prev_next = next;
+            l2_ctx_[last] = fmt::format("l + 1 < {} ? {} : {}", layer_ops.size(), next, l2_list(post, 0, 0, false));
+        }
+    }
+
     int first_weight(const std::vector<int>& ops) {
         int w = 1 << 30;
         for (int i : ops)
@@ -472,7 +579,13 @@ private:
                 last_src = op.src;
             }
             if (skip_[i]) continue;
-            o += indent + call(i, wbase, kbase) + "\n";
+            std::string text = call(i, wbase, kbase);
+            if (auto it = l2_ctx_.find(i); it != l2_ctx_.end()) {  // the launch(es) of this op get its prefetch list
+                const std::string with = "(c.with_l2(" + it->second + "), ";
+                for (size_t at = text.find("(c, "); at != std::string::npos; at = text.find("(c, ", at + with.size()))
+                    text.replace(at, 4, with);
+            }
+            o += indent + text + "\n";
         }
         return o;
     }
@@ -492,11 +605,14 @@ private:
         o += lines(pre, 0, 0, ind);
         std::vector<std::string> texts;
         std::vector<int> wbases, kbases;
+        std::vector<std::vector<int>> layer_ops;
         for (auto& [l, ops] : layers) {
             wbases.push_back(first_weight(ops));
             kbases.push_back(first_kv(ops));
-            texts.push_back(lines(ops, wbases.back(), kbases.back(), ind + "    "));
+            layer_ops.push_back(ops);
         }
+        plan_l2(layer_ops, wbases, post);
+        for (size_t k = 0; k < layer_ops.size(); ++k) texts.push_back(lines(layer_ops[k], wbases[k], kbases[k], ind + "    "));
         bool uniform = !texts.empty();
         for (size_t l = 1; l < texts.size() && uniform; ++l)
             uniform = texts[l] == texts[0] && wbases[l] - wbases[l - 1] == wbases[1] - wbases[0] &&
@@ -511,8 +627,8 @@ private:
         } else {
             size_t i = 0;
             for (auto& [l, ops] : layers) {
-                o += fmt::format("        {{  // layer {}\n            const int wl = {}, kl = {};\n            (void)kl;\n", l, wbases[i],
-                                 kbases[i]);
+                o += fmt::format("        {{  // layer {}\n            const int wl = {}, kl = {}, l = {};\n            (void)kl; (void)l;\n", l,
+                                 wbases[i], kbases[i], i);
                 o += texts[i];
                 o += "        }\n";
                 ++i;
@@ -533,6 +649,7 @@ private:
     std::vector<std::vector<int>> group_;
     std::vector<bool> rope_fused_;
     std::map<std::vector<float>, std::string> rope_table_;
+    std::map<int, std::string> l2_ctx_;  // op index -> the k::L2Prefetch its launch gets (plan_l2)
     std::string indent_;
     int stats_norm_ = 0, stats_group_ = 0, stats_rope_ = 0;
 };

@@ -184,12 +184,17 @@ __device__ __forceinline__ void attend_group(int g, int ctx, int first, const in
 template <int HQ, int HKV, int D, int BS, typename KVT>
 __global__ void __launch_bounds__(attention_warps<HQ / HKV, D>() * kWarp)
 attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const std::byte* __restrict__ kv, int64_t block_bytes,
-                 int64_t k_off, int64_t v_off, float scale, const AttnExtras x, float* __restrict__ out) {
+                 int64_t k_off, int64_t v_off, float scale, const AttnExtras x, float* __restrict__ out,
+                 const __grid_constant__ L2Plan pf) {
     constexpr int G = HQ / HKV;
+    const int t = blockIdx.x, g = blockIdx.y;
+    if (t >= rows) {  // the blocks past the tokens prefetch upcoming weights (read-only: no wait needed)
+        if (pf.after_wait) pdl_wait();
+        l2_prefetch_part(pf, int64_t(t - rows) * gridDim.y + g, int64_t(gridDim.x - rows) * gridDim.y);
+        return;
+    }
     pdl_wait();
     pdl_trigger();
-    const int t = blockIdx.x, g = blockIdx.y;
-    if (t >= rows) return;
     float* o = out + (size_t(t) * HQ + size_t(g) * G) * D;
     if (t >= st.header[kHeaderTokens]) {  // graph padding: a defined output, no reads
         for (int i = threadIdx.x; i < G * D; i += blockDim.x) o[i] = 0.0f;
@@ -212,7 +217,7 @@ template <int HQ, int HKV, int D, int ROT, int BS, typename KVT>
 __global__ void __launch_bounds__(attention_warps<HQ / HKV, D>() * kWarp)
 rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                       const __grid_constant__ RopeFreqs<ROT / 2> f, std::byte* kv, int64_t block_bytes, int64_t k_off, int64_t v_off,
-                      float scale, const AttnExtras x, float* __restrict__ out) {
+                      float scale, const AttnExtras x, float* __restrict__ out, const __grid_constant__ L2Plan pf) {
     constexpr int G = HQ / HKV;
     constexpr int NW = attention_warps<G, D>();
     constexpr int kHalf = ROT / 2;
@@ -222,7 +227,11 @@ rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, c
     pdl_trigger();
     const int t = blockIdx.x, g = blockIdx.y;
     const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-    if (t >= rows) return;
+    if (t >= rows) {  // the blocks past the tokens prefetch upcoming weights (read-only: no wait needed)
+        if (pf.after_wait) pdl_wait();
+        l2_prefetch_part(pf, int64_t(t - rows) * gridDim.y + g, int64_t(gridDim.x - rows) * gridDim.y);
+        return;
+    }
     // The step arrays were copied before the step's first kernel: readable before pdl_wait().
     const bool padding = t >= st.header[kHeaderTokens];
     const auto [ctx, first, table] = attn_token(st, t, x);
@@ -407,10 +416,14 @@ void attention(const Ctx& c, int rows, const float* q, const std::byte* kv, int6
     constexpr int NW = detail::attention_warps<HQ / HKV, D>();
     // Decode-sized launches (short contexts per token) take the per-key-group kernel; prefill-sized
     // ones the key-per-lane kernel (docs/CUDA.md has both measured).
-    if (rows <= kAttentionDecodeMaxRows)
-        launch(c, detail::attention_kernel<HQ, HKV, D, BS, KVT>, dim3(rows, HKV), dim3(NW * kWarp), rows, c.step, q, kv, block_bytes,
-               k_off, v_off, scale, extras, out);
-    else
+    if (rows <= kAttentionDecodeMaxRows) {
+        // Decode attention reads little from HBM: with SCR_CUDA_L2_PREFETCH=1, extra columns of
+        // blocks prefetch the next launches' weights into L2 (Ctx::l2, from the emitter; off: none).
+        const L2Plan pf = l2_plan(c.l2, L2Site::attention);
+        const int extra = ceil_div(l2_prefetch_blocks(pf, NW * kWarp), HKV);
+        launch(c, detail::attention_kernel<HQ, HKV, D, BS, KVT>, dim3(rows + extra, HKV), dim3(NW * kWarp), rows, c.step, q, kv,
+               block_bytes, k_off, v_off, scale, extras, out, pf);
+    } else
         launch(c, detail::attention_keys_kernel<HQ, HKV, D, BS, KVT>, dim3(rows, HKV), dim3(NW * kWarp), rows, c.step, q, kv,
                block_bytes, k_off, v_off, scale, extras, out);
 }
@@ -437,8 +450,10 @@ void rope_attention(const Ctx& c, int rows, const float* q, const float* k, cons
     if (rows <= 0) return;
     if (c.one_token_per_seq && rows <= kAttentionDecodeMaxRows && rope_attention_fused_on()) {
         constexpr int NW = detail::attention_warps<HQ / HKV, D>();
-        launch(c, detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT>, dim3(rows, HKV), dim3(NW * kWarp), rows, c.step, q, k, v, f,
-               kv, block_bytes, k_off, v_off, scale, extras, out);
+        const L2Plan pf = l2_plan(c.l2, L2Site::attention);  // as in attention() above
+        const int extra = ceil_div(l2_prefetch_blocks(pf, NW * kWarp), HKV);
+        launch(c, detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT>, dim3(rows + extra, HKV), dim3(NW * kWarp), rows, c.step, q, k,
+               v, f, kv, block_bytes, k_off, v_off, scale, extras, out, pf);
         return;
     }
     rope_append<HQ, HKV, D, ROT, BS, KVT>(c, rows, q, k, v, q_out, f, kv, block_bytes, k_off, v_off);

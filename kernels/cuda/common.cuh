@@ -6,7 +6,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <utility>
 
 #include "kernels/cuda/step.hpp"
@@ -98,6 +100,115 @@ __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// ---- L2 prefetch of upcoming weights (issue #6) ----
+// A latency-bound launch (decode attention, a GEMV that leaves HBM half idle) asks the L2 to fetch
+// bytes that the next launches will stream, so those are served partly from L2. Only the memory
+// traffic changes, never an operand: results are bit-identical with the prefetch on or off.
+// What a kernel receives: the upcoming ranges cut to the run-time budget (16-byte multiples).
+struct L2Plan {
+    const char* ptr[kL2MaxRanges];
+    uint32_t bytes[kL2MaxRanges];
+    int n = 0;
+    int64_t total = 0;
+    bool after_wait = false;  // issue only once the previous kernel is done (pdl_wait), not beside it
+};
+
+// Off by default: measured on an H200 (docs/CUDA.md, "Session 5") the consumers barely speed up
+// when their bytes come from L2 (o_proj 6.2 -> 5.9 us with no DRAM reads at all), while the
+// prefetch's own traffic slows the launches it overlaps. SCR_CUDA_L2_PREFETCH=1 turns it on with
+// the best variant measured: SCR_CUDA_L2_PREFETCH_MB (decode attention launches, default 12) and
+// SCR_CUDA_L2_PREFETCH_NEXT_MB (the GEMV that ends a layer, prefetching the next layer's first
+// launches, default 0) set the byte budgets, 0 turning that site off.
+enum class L2Site { attention, gemv };
+inline int64_t l2_prefetch_budget(L2Site site) {
+    auto megabytes = [](const char* name, double fallback) {
+        const char* e = std::getenv(name);
+        return int64_t((e ? std::atof(e) : fallback) * 1048576.0);
+    };
+    static const bool on = [] {
+        const char* e = std::getenv("SCR_CUDA_L2_PREFETCH");
+        return e && e[0] == '1';
+    }();
+    static const int64_t attention = megabytes("SCR_CUDA_L2_PREFETCH_MB", 12);
+    static const int64_t gemv = megabytes("SCR_CUDA_L2_PREFETCH_NEXT_MB", 0);
+    if (!on) return 0;
+    return site == L2Site::attention ? attention : gemv;
+}
+
+// The attention's prefetch blocks wait for the kernel before it (the QKV GEMV, itself
+// latency-bound) instead of competing with its loads; SCR_CUDA_L2_PREFETCH_WAIT=0: they issue at
+// once (measured 1-2 % slower end to end).
+inline bool l2_prefetch_after_wait() {
+    static const bool on = [] {
+        const char* e = std::getenv("SCR_CUDA_L2_PREFETCH_WAIT");
+        return !(e && e[0] == '0');
+    }();
+    return on;
+}
+
+// Stages in order while the budget lasts; the stage that does not fit whole gets the rest,
+// shared in proportion to its ranges' sizes (gate and up are read row for row together).
+inline L2Plan l2_plan(const L2Prefetch& want, L2Site site) {
+    L2Plan p;
+    p.after_wait = site == L2Site::attention && l2_prefetch_after_wait();
+    int64_t left = l2_prefetch_budget(site);
+    for (int i = 0; i < want.n && left >= 16;) {
+        int j = i;
+        int64_t stage_bytes = 0;
+        while (j < want.n && want.r[j].stage == want.r[i].stage) stage_bytes += want.r[j++].bytes;
+        const bool whole = stage_bytes <= left;
+        int64_t used = 0;
+        for (int m = i; m < j; ++m) {
+            int64_t b = whole ? want.r[m].bytes : int64_t(double(want.r[m].bytes) * double(left) / double(stage_bytes));
+            b = std::min<int64_t>(b, int64_t(UINT32_MAX)) / 16 * 16;
+            if (b <= 0 || !want.r[m].ptr) continue;
+            p.ptr[p.n] = static_cast<const char*>(want.r[m].ptr);
+            p.bytes[p.n++] = uint32_t(b);
+            used += b;
+        }
+        p.total += used;
+        left -= used;
+        if (!whole) break;
+        i = j;
+    }
+    return p;
+}
+
+// Bytes one thread asks for per instruction: enough threads share a budget to spread the requests
+// over many SMs' copy engines.
+constexpr int64_t kL2PrefetchPiece = 2048;
+
+// Part `part` of `parts` equal slices of the plan's bytes, issued by this block's threads as bulk L2
+// prefetches (no registers, no waiting: the block may exit at once).
+__device__ __forceinline__ void l2_prefetch_part(const L2Plan& p, int64_t part, int64_t parts) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const int64_t units = p.total / 16;  // 16-byte units
+    const int64_t u0 = units * part / parts, u1 = units * (part + 1) / parts;
+    constexpr int64_t kPieceUnits = kL2PrefetchPiece / 16;
+    for (int64_t a = u0 + int64_t(threadIdx.x) * kPieceUnits; a < u1; a += int64_t(blockDim.x) * kPieceUnits) {
+        const int64_t b = min(a + kPieceUnits, u1);
+        int64_t base = 0;
+        for (int i = 0; i < p.n && base < b; ++i) {
+            const int64_t ru = p.bytes[i] / 16;
+            const int64_t lo = max(a, base), hi = min(b, base + ru);
+            if (lo < hi)
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.ptr[i] + (lo - base) * 16), "r"(uint32_t((hi - lo) * 16))
+                             : "memory");
+            base += ru;
+        }
+    }
+#else
+    (void)p; (void)part; (void)parts;
+#endif
+}
+
+// Blocks that issue a plan beside a kernel's own: ~one piece per thread, at most 128 blocks.
+inline int l2_prefetch_blocks(const L2Plan& p, int threads_per_block) {
+    if (p.total <= 0) return 0;
+    const int64_t per_block = int64_t(threads_per_block) * kL2PrefetchPiece;
+    return int(std::min<int64_t>(128, (p.total + per_block - 1) / per_block));
 }
 
 // Launches `kernel` on the step's stream, as a programmatic dependent of the previous kernel when

@@ -61,6 +61,7 @@ struct LinearParams {
     const float* norm_w = nullptr;  // GEMV only: fold rmsnorm(x) * norm_w
     float eps = 0.0f;
     int rows = 0;
+    L2Plan l2;  // GEMV only: upcoming weights its blocks prefetch into L2 (common.cuh)
 };
 
 // Warps per weight row: enough (row, split) warps to keep ~16k warps of loads in flight over the
@@ -278,6 +279,7 @@ template <int K, typename WT, int TR, int KSPLIT, bool SWIGLU, bool NORM, int RW
 __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const __grid_constant__ LinearParams p) {
     constexpr int kRowsPerCta = kGemvWarps / KSPLIT * RW;
     pdl_trigger();
+    l2_prefetch_part(p.l2, blockIdx.x, gridDim.x);  // the next launches' weights (none unless the emitter asked)
     bool waited = false;  // pdl_wait() comes after the first weight loads are in flight
     const int tiles = (p.n_total + kRowsPerCta - 1) / kRowsPerCta * ((p.rows + TR - 1) / TR);
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -797,6 +799,7 @@ void linear_run(const Ctx& c, int rows, const float* x, LinearParams p, const Rm
         p.x = NORM ? norm.x : x;
         p.norm_w = norm.w;
         p.eps = norm.eps;
+        p.l2 = l2_plan(c.l2, L2Site::gemv);
         launch_gemv_rows<K, WT, NTOTAL, SWIGLU, NORM>(c, p);
         return;
     }
