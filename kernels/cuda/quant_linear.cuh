@@ -1064,20 +1064,429 @@ inline QuantFusedArgs fused_of(const QuantLinearArgs& a) {
     return f;
 }
 
+
+// ---- Batch 1-8: SIMT GEMV with x staged in shared memory (quant_smem_kernel, the default) ----
+// Built like the bf16 gemv_kernel (linear.cuh), for every format F and every fused variant:
+//  * x (float32; with a folded RMSNorm, x * norm_w) is staged once per block in shared memory, each
+//    16-byte chunk at index i ^ ((i >> 3) & 7): a lane's weight chunk covers 32 (int4) or 16 (int8,
+//    fp8) consecutive k, so the 8 lanes of one 128-bit LDS phase read chunks 8 (or 4) apart, which
+//    the XOR spreads over distinct banks (without it, all 8 in one bank quad);
+//  * each warp carries 4 weight rows (SwiGLU: 2 gate rows and the same 2 up rows), so every x chunk
+//    read from shared memory feeds 4 rows; 8 16-byte `ld.global.nc.L1::no_allocate` weight loads per
+//    lane per round (2 chunks x 4 rows), the first round issued before pdl_wait();
+//  * int4: no I2F and no subtraction: nibble e of a half-word masked in place is the float32
+//    denormal q * 2^(4e - 149), exact; x is staged pre-multiplied by 2^(89 - 4e) (exact: a power of
+//    two), so every product is x q 2^-60 and a chunk's sum is the plain float32 sum times 2^-60 (the
+//    scale absorbs 2^60). One LOP per weight and one FMA per weight and token (needs denormals kept:
+//    no -ftz / --use_fast_math, which this target never uses). The affine part per 32-k chunk:
+//    s * sum(x q) + b * sum(x), sum(x) per chunk computed once per block while staging;
+//  * int8 / fp8: the exact float conversions of the SIMT kernel above, one scale per row at the end;
+//  * K split over KS warps of a block (fixed from the shape), partials added in split order; the grid
+//    is one wave of resident blocks walking the row tiles (persistent), token rows beyond what shared
+//    memory holds per block go to further blocks along y (each re-reads the weights, from L2).
+// Summation order per output: the lane's chunks in increasing k, a xor butterfly over the warp, the
+// KS partials in order, all fixed by the shape: a row's bits never depend on the other rows (1-8).
+constexpr int kSWarps = 8;
+constexpr int kSRows = 4;          // weight rows per warp
+constexpr int kSBatch = 2;         // 16-byte chunks per lane and row per load round
+constexpr int kSMaxTile = 4;       // token rows per block (more: more blocks along y)
+constexpr int kSSmemBudget = 64 << 10;  // x bytes per block that set the token rows per block
+constexpr int kSSmemMax = 100 << 10;    // above (one token row): the tensor-core kernel
+
+template <class F>
+struct QSmemFmt {
+    static constexpr bool kInt4 = F::kAffine;
+    static constexpr int kKPerChunk = F::kElems;  // k per 16-byte weight chunk: 32 or 16
+};
+// Shared memory of one block: x rows (floats) + per-32-k chunk sums (int4) + the norm's sums.
+template <class F>
+constexpr size_t qsmem_bytes(int k, int tile) {
+    return size_t(tile) * k * 4 + (F::kAffine ? size_t(tile) * (k / 32) * 4 : 0);
+}
+template <class F>
+int qsmem_tile_cap(int k) {
+    int t = kSMaxTile;
+    while (t > 1 && qsmem_bytes<F>(k, t) > size_t(kSSmemBudget)) t /= 2;
+    return t;
+}
+
+__device__ __forceinline__ int qs_swz(int i) { return i ^ ((i >> 3) & 7); }
+
+// The 4 nibbles of a half-word h (bits 0..15) masked in place: nibble e is the float32 denormal
+// q * 2^(4e - 149), exact; times x staged as x * qs_x_scale(e) it gives x q 2^-60.
+__host__ __device__ __forceinline__ void qs_u4_half(uint32_t h, float (&q)[4]) {
+    q[0] = f32_from_bits(h & 0x000fu);
+    q[1] = f32_from_bits(h & 0x00f0u);
+    q[2] = f32_from_bits(h & 0x0f00u);
+    q[3] = f32_from_bits(h & 0xf000u);
+}
+__host__ __device__ constexpr float qs_x_scale(int e) { return e == 0 ? 0x1p89f : e == 1 ? 0x1p85f : e == 2 ? 0x1p81f : 0x1p77f; }
+
+template <class F, int TR, bool SWIGLU, bool NORM>
+__global__ void __launch_bounds__(kSWarps * kWarp, 2) quant_smem_kernel(const __grid_constant__ QuantFusedArgs p, int ks) {
+    using ST = typename F::Scale;
+    constexpr int R = kSRows, KB = kSBatch;
+    constexpr int KPC = F::kElems;                  // k per weight chunk
+    constexpr int X4 = KPC / 4;                     // x float4 chunks per weight chunk
+    constexpr int WROWS = SWIGLU ? R / 2 : R;       // output rows per warp
+    extern __shared__ float4 smem4[];
+    __shared__ float red[TR][kSWarps];
+    __shared__ float partial[kSWarps][R * TR];
+    __shared__ float inv_rms[TR];
+
+    pdl_trigger();
+    const int k = p.k;
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    const int split = warp % ks;
+    const int chunks = k / KPC;
+    const int per_split = chunks / ks;  // ks divides chunks (quant_smem_split)
+    const int c_begin = split * per_split, c_end = c_begin + per_split;
+    const int rows_per_block = (kSWarps / ks) * WROWS;
+    int n_total = p.mat[0].n;
+    if (!SWIGLU)
+        for (int m = 1; m < p.nmat; ++m) n_total += p.mat[m].n;
+    const int tiles = ceil_div(n_total, rows_per_block);
+    const int tok0 = blockIdx.y * TR;
+    const int rows = min(TR, p.rows - tok0);
+    const size_t row_bytes = size_t(chunks) * 16;
+    const int gpr = F::kAffine ? k / (F::kGroup > 0 ? F::kGroup : 1) : 1;  // groups per row
+
+    float* xs = reinterpret_cast<float*>(smem4);                 // [TR][k], 16-byte chunks swizzled
+    float* csum = xs + size_t(TR) * k;                           // [TR][k / 32] (int4)
+
+    struct Rows {
+        const uint8_t* w[R];
+        const ST* s[R];
+        const ST* b[R];
+    };
+    // Slot r's weight row (stacked matrices; SwiGLU: slots R/2.. are the up rows of slots 0..).
+    auto rows_of = [&](int tile, Rows& rw) {
+        const int n0 = tile * rows_per_block + (warp / ks) * WROWS;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            int n = min(n0 + (SWIGLU ? r % WROWS : r), n_total - 1);
+            const QuantMat& mat = p.mat[SWIGLU ? r / WROWS : qmat_of(p, n)];
+            rw.w[r] = static_cast<const uint8_t*>(mat.q) + size_t(n) * row_bytes;
+            if constexpr (F::kAffine) {
+                rw.s[r] = static_cast<const ST*>(mat.scales) + size_t(n) * gpr;
+                rw.b[r] = static_cast<const ST*>(mat.biases) + size_t(n) * gpr;
+            }
+        }
+    };
+    struct Round {
+        uint4 w[KB][R];
+        ST s[F::kAffine ? KB : 1][R], b[F::kAffine ? KB : 1][R];  // raw: no use before pdl_wait()
+    };
+    auto load_round = [&](const Rows& rw, Round& rd, int c0) {
+#pragma unroll
+        for (int u = 0; u < KB; ++u) {
+            const int c = c0 + u * kWarp + lane;
+            if (c >= c_end) continue;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                rd.w[u][r] = load_stream16(rw.w[r] + size_t(c) * 16);
+                if constexpr (F::kAffine) {
+                    const int g = c * KPC / F::kGroup;
+                    rd.s[u][r] = rw.s[r][g];
+                    rd.b[u][r] = rw.b[r][g];
+                }
+            }
+        }
+    };
+
+    Rows rw;
+    Round rd;
+    int tile = blockIdx.x;
+    if (tile < tiles) {
+        rows_of(tile, rw);
+        load_round(rw, rd, c_begin);
+    }
+    pdl_wait();
+
+    // Stage x (x * norm_w), the int4 chunk sums, the norm's 1 / rms; all threads take part in the
+    // shuffles (the loop count is uniform), so the sums' order is fixed by k only.
+    {
+        const int k4 = k / 4;
+        float ss[TR];
+#pragma unroll
+        for (int t = 0; t < TR; ++t) ss[t] = 0.0f;
+        for (int i0 = 0; i0 < k4; i0 += kSWarps * kWarp) {
+            const int i = i0 + threadIdx.x;
+            const bool in = i < k4;
+            float4 nw = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+            if (NORM && in) nw = __ldg(reinterpret_cast<const float4*>(p.norm_w) + i);
+#pragma unroll
+            for (int t = 0; t < TR; ++t) {
+                if (t >= rows) break;
+                float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (in) v = __ldg(reinterpret_cast<const float4*>(p.x + size_t(tok0 + t) * k) + i);
+                if constexpr (NORM) {
+                    ss[t] = fmaf(v.x, v.x, ss[t]);
+                    ss[t] = fmaf(v.y, v.y, ss[t]);
+                    ss[t] = fmaf(v.z, v.z, ss[t]);
+                    ss[t] = fmaf(v.w, v.w, ss[t]);
+                    v.x *= nw.x; v.y *= nw.y; v.z *= nw.z; v.w *= nw.w;
+                }
+                if constexpr (F::kAffine) {
+                    float s = (v.x + v.y) + (v.z + v.w);  // a 32-k chunk is 8 consecutive lanes
+                    s += __shfl_xor_sync(0xffffffffu, s, 1);
+                    s += __shfl_xor_sync(0xffffffffu, s, 2);
+                    s += __shfl_xor_sync(0xffffffffu, s, 4);
+                    if (in && (lane & 7) == 0) csum[size_t(t) * (k / 32) + i / 8] = s;
+                    v.x *= qs_x_scale(0); v.y *= qs_x_scale(1); v.z *= qs_x_scale(2); v.w *= qs_x_scale(3);  // k % 4 = 0..3
+                }
+                if (in) smem4[size_t(t) * k4 + qs_swz(i)] = v;
+            }
+        }
+        if constexpr (NORM) {
+#pragma unroll
+            for (int t = 0; t < TR; ++t) {
+                const float s = warp_sum(ss[t]);
+                if (lane == 0) red[t][warp] = s;
+            }
+        }
+        __syncthreads();
+        if constexpr (NORM) {
+            if (threadIdx.x < TR) {
+                float s = 0.0f;
+                for (int w = 0; w < kSWarps; ++w) s += red[threadIdx.x][w];
+                inv_rms[threadIdx.x] = 1.0f / sqrtf(s / float(k) + p.eps);
+            }
+            __syncthreads();
+        }
+    }
+    const float4* xs4 = smem4;
+
+    for (; tile < tiles; tile += gridDim.x) {
+        if (tile != int(blockIdx.x)) {
+            __syncthreads();  // the last tile's partials are read
+            rows_of(tile, rw);
+            load_round(rw, rd, c_begin);
+        }
+        float acc[R][TR];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int t = 0; t < TR; ++t) acc[r][t] = 0.0f;
+        for (int c0 = c_begin; c0 < c_end; c0 += kWarp * KB) {
+            if (c0 != c_begin) load_round(rw, rd, c0);
+#pragma unroll
+            for (int u = 0; u < KB; ++u) {
+                const int c = c0 + u * kWarp + lane;
+                if (c >= c_end) continue;
+                float aq[R][TR];
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int t = 0; t < TR; ++t) aq[r][t] = 0.0f;
+#pragma unroll
+                for (int j = 0; j < X4; ++j) {  // the chunk's x float4s in k order
+                    float q[R][4];
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        if constexpr (F::kAffine) {
+                            const uint32_t w = word_of(rd.w[u][r], j / 2);
+                            qs_u4_half(j & 1 ? w >> 16 : w, q[r]);
+                        } else {
+                            F::unpack(word_of(rd.w[u][r], j), q[r]);
+                        }
+                    }
+#pragma unroll
+                    for (int t = 0; t < TR; ++t) {
+                        if (t >= rows) break;
+                        const float4 xv = xs4[size_t(t) * (k / 4) + qs_swz(c * X4 + j)];
+#pragma unroll
+                        for (int r = 0; r < R; ++r) {
+                            aq[r][t] = fmaf(xv.x, q[r][0], aq[r][t]);
+                            aq[r][t] = fmaf(xv.y, q[r][1], aq[r][t]);
+                            aq[r][t] = fmaf(xv.z, q[r][2], aq[r][t]);
+                            aq[r][t] = fmaf(xv.w, q[r][3], aq[r][t]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int t = 0; t < TR; ++t) {
+                    if (t >= rows) break;
+                    if constexpr (F::kAffine) {
+                        const float xsum = csum[size_t(t) * (k / 32) + c];
+#pragma unroll
+                        for (int r = 0; r < R; ++r) {
+                            const float s = to_f32(rd.s[u][r]) * 0x1p60f;  // the int4 products carry 2^-60
+                            acc[r][t] = fmaf(to_f32(rd.b[u][r]), xsum, fmaf(s, aq[r][t], acc[r][t]));
+                        }
+                    } else {
+#pragma unroll
+                        for (int r = 0; r < R; ++r) acc[r][t] += aq[r][t];
+                    }
+                }
+            }
+        }
+        // Every lane ends with every sum (xor butterfly: the same bits in every lane).
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int t = 0; t < TR; ++t) acc[r][t] = warp_sum(acc[r][t]);
+        if (ks > 1) {
+            if (lane == 0) {
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int t = 0; t < TR; ++t) partial[warp][r * TR + t] = acc[r][t];
+            }
+            __syncthreads();
+            if (split == 0) {
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int t = 0; t < TR; ++t) {
+                        float v = 0.0f;
+                        for (int s = 0; s < ks; ++s) v += partial[warp + s][r * TR + t];
+                        acc[r][t] = v;
+                    }
+            }
+        }
+        if (split != 0) continue;
+        const int n0 = tile * rows_per_block + (warp / ks) * WROWS;
+#pragma unroll
+        for (int r = 0; r < WROWS; ++r)
+#pragma unroll
+            for (int t = 0; t < TR; ++t) {
+                int n = n0 + r;
+                if (lane != r * TR + t || t >= rows || n >= n_total) continue;
+                const float inv = NORM ? inv_rms[t] : 1.0f;
+                const size_t tok = size_t(tok0 + t);
+                if constexpr (SWIGLU) {
+                    float gate = acc[r][t], up = acc[r + WROWS][t];
+                    if constexpr (!F::kAffine) {
+                        gate *= qrow_scale<F>(p.mat[0].scales, n);
+                        up *= qrow_scale<F>(p.mat[1].scales, n);
+                    }
+                    if constexpr (NORM) {
+                        gate *= inv;
+                        up *= inv;
+                    }
+                    p.mat[0].y[tok * p.mat[0].n + n] = silu(gate) * up;
+                } else {
+                    const QuantMat& mat = p.mat[qmat_of(p, n)];
+                    float v = acc[r][t];
+                    if constexpr (!F::kAffine) v *= qrow_scale<F>(mat.scales, n);
+                    if constexpr (NORM) v *= inv;
+                    if (mat.bias) v += mat.bias[n];
+                    const size_t at = tok * mat.n + n;
+                    if (p.residual) v = p.residual[at] + v;
+                    mat.y[at] = v;
+                }
+            }
+    }
+}
+
+// K split of quant_smem_kernel: warps per weight-row group, from the shape, the format and the kernel
+// variant only (never the number of token rows): the most (1, 2, 4, 8) with whole chunks per split,
+// at least one chunk per lane, and every warp of the launch resident at once (row groups x split <=
+// resident warps of the one-token-row variant).
+inline int quant_smem_split(int row_groups, int chunks, int resident_warps) {
+    int ks = 1;
+    while (ks < kSWarps && chunks % (2 * ks) == 0 && chunks / (2 * ks) >= kWarp &&
+           int64_t(row_groups) * 2 * ks <= resident_warps)
+        ks *= 2;
+    return ks;
+}
+inline int& qsmem_last_split() {
+    static thread_local int s = 0;
+    return s;
+}
+
+template <class F, int TR, bool SWIGLU, bool NORM>
+int qsmem_blocks_per_sm(size_t smem) {
+    static const bool attr = [] {
+        cudaFuncSetAttribute(quant_smem_kernel<F, TR, SWIGLU, NORM>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSSmemMax);
+        return true;
+    }();
+    (void)attr;
+    int blocks = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_smem_kernel<F, TR, SWIGLU, NORM>, kSWarps * kWarp, smem);
+    return std::max(1, blocks);
+}
+inline int qsmem_sms() {
+    static const int sms = [] {
+        int dev = 0, n = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+        return std::max(1, n);
+    }();
+    return sms;
+}
+
+template <class F, int TR, bool SWIGLU, bool NORM>
+void launch_quant_smem_tile(const Ctx& c, const QuantFusedArgs& a, int n_total) {
+    const int wrows = SWIGLU ? kSRows / 2 : kSRows;
+    const int row_groups = ceil_div(n_total, wrows);
+    const int chunks = a.k / F::kElems;
+    const int resident1 = qsmem_sms() * qsmem_blocks_per_sm<F, 1, SWIGLU, NORM>(qsmem_bytes<F>(a.k, 1)) * kSWarps;
+    const int ks = quant_smem_split(row_groups, chunks, resident1);
+    qsmem_last_split() = ks;
+    const size_t smem = qsmem_bytes<F>(a.k, TR);
+    const int tiles = ceil_div(n_total, (kSWarps / ks) * wrows);
+    const int groups = ceil_div(a.rows, TR);
+    const int resident = qsmem_sms() * qsmem_blocks_per_sm<F, TR, SWIGLU, NORM>(smem);
+    const int gx = std::max(1, std::min(tiles, resident / groups));
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(gx, groups, 1);
+    cfg.blockDim = dim3(kSWarps * kWarp);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c.stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = c.pdl ? 1 : 0;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, quant_smem_kernel<F, TR, SWIGLU, NORM>, a, ks);
+}
+
+// 1-8 token rows: as many per block as shared memory allows (up to 4), the rest in more blocks.
+template <class F, bool SWIGLU, bool NORM>
+void launch_quant_smem(const Ctx& c, const QuantFusedArgs& a) {
+    int n_total = a.mat[0].n;
+    if (!SWIGLU)
+        for (int m = 1; m < a.nmat; ++m) n_total += a.mat[m].n;
+    const int tile = std::min(qsmem_tile_cap<F>(a.k), a.rows <= 1 ? 1 : a.rows <= 2 ? 2 : 4);
+    if (tile == 1) launch_quant_smem_tile<F, 1, SWIGLU, NORM>(c, a, n_total);
+    else if (tile == 2) launch_quant_smem_tile<F, 2, SWIGLU, NORM>(c, a, n_total);
+    else launch_quant_smem_tile<F, 4, SWIGLU, NORM>(c, a, n_total);
+}
+
+// What the shared-memory kernel takes: 1-8 token rows, K in whole 32-k chunks (int4) / 16-k
+// (int8, fp8) with one token row of x in kSSmemMax, 16-byte aligned weights and x, norm weight.
+template <class F>
+bool quant_smem_fits(const QuantFusedArgs& a) {
+    const auto aligned = [](const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
+    if (a.rows < 1 || a.rows > 8 || a.k % F::kElems != 0 || a.k % 32 != 0 || qsmem_bytes<F>(a.k, 1) > size_t(kSSmemMax))
+        return false;
+    if (!aligned(a.x, 16) || (a.norm_w && !aligned(a.norm_w, 16))) return false;
+    for (int m = 0; m < a.nmat; ++m)
+        if (!aligned(a.mat[m].q, 16)) return false;
+    return true;
+}
+
 }  // namespace qdetail
 
-// Which kernel quant_linear runs: the tensor-core one unless SCR_CUDA_QUANT_GEMV=simt (kept for A/B
-// runs); a shape or layout it does not take (K not a whole number of 128-k (int4) or 64-k (int8)
-// chunks, float32 scales, misaligned pointers) always runs the SIMT kernel. The choice never depends
-// on the number of rows, so results stay batch-invariant.
-enum class QuantGemvPath { automatic, simt, mma };
+// Which kernel quant_linear runs (SCR_CUDA_QUANT_GEMV, read once):
+//   (default) 1-8 token rows on the shared-memory SIMT kernel (quant_smem_kernel), more rows on the
+//             tensor-core one; `mma`: the tensor-core kernel for every row count (the earlier default);
+//   `simt`: the first SIMT kernel (quant_gemv_kernel; unfused launches only).
+// A shape or layout a kernel does not take falls back (smem -> mma -> simt). Within 1-8 rows and
+// within 9+ rows the choice depends on the shape only, so a decode row's bits never depend on the
+// other rows of its batch.
+enum class QuantGemvPath { automatic, simt, mma, smem };
 
-inline bool quant_mma_default() {
-    static const bool on = [] {
+inline QuantGemvPath quant_gemv_mode() {
+    static const QuantGemvPath mode = [] {
         const char* e = std::getenv("SCR_CUDA_QUANT_GEMV");
-        return !(e && std::strcmp(e, "simt") == 0);
+        if (e && std::strcmp(e, "simt") == 0) return QuantGemvPath::simt;
+        if (e && std::strcmp(e, "mma") == 0) return QuantGemvPath::mma;
+        return QuantGemvPath::smem;
     }();
-    return on;
+    return mode;
 }
 
 // y = x W^T (+ bias) (+ residual) for any number of rows (decode-sized batches are the fast case).
@@ -1092,8 +1501,15 @@ void quant_linear(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path = Q
                     std::to_string(align) + " (N = " + std::to_string(a.n) + ")");
     if (!a.q || !a.scales || (F::kAffine && !a.biases) || !a.x || !a.y)
         throw std::invalid_argument("quant_linear: missing weight, scale, bias, input or output pointer");
-    const bool mma = path == QuantGemvPath::mma || (path == QuantGemvPath::automatic && quant_mma_default());
-    if (mma && qdetail::quant_mma_fits<F>(a)) {
+    if (path == QuantGemvPath::automatic) path = quant_gemv_mode();
+    if (path == QuantGemvPath::smem && a.rows <= 8 && a.n > 0) {
+        const QuantFusedArgs fa = qdetail::fused_of(a);
+        if (qdetail::quant_smem_fits<F>(fa)) {
+            qdetail::launch_quant_smem<F, false, false>(c, fa);
+            return;
+        }
+    }
+    if (path != QuantGemvPath::simt && qdetail::quant_mma_fits<F>(a)) {
         qdetail::launch_quant_mma_rows<F, false, false>(c, qdetail::fused_of(a));
         return;
     }
@@ -1107,7 +1523,7 @@ void quant_linear(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path = Q
 // (nothing launched) when that kernel does not take the shape or layout (quant_mma_fits): the caller
 // then runs the unfused launches (kernels/cuda/quant_ops.cuh). Batch-invariant as quant_linear.
 template <class F, bool SWIGLU, bool NORM>
-bool quant_linear_fused(const Ctx& c, const QuantFusedArgs& a) {
+bool quant_linear_fused(const Ctx& c, const QuantFusedArgs& a, QuantGemvPath path = QuantGemvPath::automatic) {
     if (a.rows <= 0) return true;
     if (a.nmat < 1 || a.nmat > 3 || (SWIGLU && (a.nmat != 2 || a.mat[0].n != a.mat[1].n)) || (a.residual && a.nmat != 1) ||
         (SWIGLU && a.residual) || NORM != (a.norm_w != nullptr) || a.k <= 0)
@@ -1116,6 +1532,11 @@ bool quant_linear_fused(const Ctx& c, const QuantFusedArgs& a) {
         if (!a.mat[m].q || !a.mat[m].scales || (F::kAffine && !a.mat[m].biases) || !a.mat[m].y || a.mat[m].n <= 0)
             throw std::invalid_argument("quant_linear_fused: matrix " + std::to_string(m) + " lacks a tensor, an output or rows");
     if (!a.x) throw std::invalid_argument("quant_linear_fused: no input");
+    if (path == QuantGemvPath::automatic) path = quant_gemv_mode();
+    if (path == QuantGemvPath::smem && a.rows <= 8 && qdetail::quant_smem_fits<F>(a)) {
+        qdetail::launch_quant_smem<F, SWIGLU, NORM>(c, a);
+        return true;
+    }
     if (!qdetail::quant_mma_fits<F>(a)) return false;
     qdetail::launch_quant_mma_rows<F, SWIGLU, NORM>(c, a);
     return true;

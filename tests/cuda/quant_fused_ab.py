@@ -3,7 +3,11 @@
 unfused plan of the same binary (SCR_CUDA_QUANT_FUSED=0, the plan tests/cuda/quant_e2e.py checked
 against the CPU build), on the GPU machine (docs/CUDA.md, "Quantized presets end to end").
 
-  quant_fused_ab.py SCR_CUDA CASE... [--rtol R]     CASE is NAME=DIR:PRESET[:ready]
+  quant_fused_ab.py SCR_CUDA CASE... [--rtol R] [--ref-env NAME=VALUE]     CASE is NAME=DIR:PRESET[:ready]
+
+--ref-env: the reference run sets NAME=VALUE instead of SCR_CUDA_QUANT_FUSED=0 (e.g.
+SCR_CUDA_QUANT_GEMV=mma: the default 1-8-row kernel against the tensor-core one; the 8-token prompt
+then runs on each).
 
 Per case: DIR quantized with the carried binary (or, with ":ready", DIR already is a checkpoint of
 PRESET), then quant_e2e.py's measurements (`scr logits --all` on DIR's reference.json prompts, or
@@ -29,12 +33,14 @@ def load_e2e():
 e2e = load_e2e()
 
 
-def measure_with(scr, ckpt, quant, prompts, fused):
-    os.environ["SCR_CUDA_QUANT_FUSED"] = "1" if fused else "0"
+def measure_with(scr, ckpt, quant, prompts, fused, ref_env=("SCR_CUDA_QUANT_FUSED", "0")):
+    name, value = ref_env
+    if not fused:
+        os.environ[name] = value
     try:
         return e2e.measure(scr, ckpt, quant, prompts)
     finally:
-        del os.environ["SCR_CUDA_QUANT_FUSED"]
+        os.environ.pop(name, None)
 
 
 def main(argv):
@@ -42,6 +48,11 @@ def main(argv):
     if "--rtol" in argv:
         i = argv.index("--rtol")
         rtol = float(argv[i + 1])
+        argv = argv[:i] + argv[i + 2:]
+    ref_env = ("SCR_CUDA_QUANT_FUSED", "0")
+    if "--ref-env" in argv:
+        i = argv.index("--ref-env")
+        ref_env = tuple(argv[i + 1].split("=", 1))
         argv = argv[:i] + argv[i + 2:]
     if len(argv) < 2:
         print(__doc__)
@@ -64,7 +75,7 @@ def main(argv):
                 else:
                     prompts = [[(i * 7 + 3) % 500 + 1 for i in range(8)], [(i * 13 + 5) % 900 + 1 for i in range(41)]]
                 prompts.append(e2e.PROMPT_LONG)
-                ref_rows, ref_greedy = measure_with(scr, ckpt, quant, prompts, fused=False)
+                ref_rows, ref_greedy = measure_with(scr, ckpt, quant, prompts, fused=False, ref_env=ref_env)
                 rows, greedy = measure_with(scr, ckpt, quant, prompts, fused=True)
             except Exception as e:  # noqa: BLE001  (report the case, go on with the others)
                 print(f"{name}: ERROR {e}")
@@ -77,7 +88,7 @@ def main(argv):
             same = greedy == ref_greedy and len(rows) == len(ref_rows)
             ok = same and worst <= rtol
             ok_cases += ok
-            print(f"{name}: {len(rows)} positions, worst ||fused - unfused|| / ||unfused|| {worst:.3e} (rtol {rtol}), "
+            print(f"{name}: {len(rows)} positions, worst ||default - {'='.join(ref_env)}|| / ||{'='.join(ref_env)}|| {worst:.3e} (rtol {rtol}), "
                   f"greedy {'same' if greedy == ref_greedy else 'DIFFERENT'} -> {'ok' if ok else 'FAILED'}")
     print(f"{ok_cases}/{len(cases)} cases match")
     return 0 if ok_cases == len(cases) else 1

@@ -172,21 +172,28 @@ void free_weights(DevWeights& w) {
     w = {};
 }
 
-constexpr QuantGemvPath kPaths[] = {QuantGemvPath::mma, QuantGemvPath::simt};
-const char* name_of(QuantGemvPath p) { return p == QuantGemvPath::mma ? "mma" : "simt"; }
+constexpr int kMaxRows = 64;  // token rows of the largest check
+constexpr QuantGemvPath kPaths[] = {QuantGemvPath::smem, QuantGemvPath::mma, QuantGemvPath::simt};
+const char* name_of(QuantGemvPath p) { return p == QuantGemvPath::mma ? "mma" : p == QuantGemvPath::smem ? "smem" : "simt"; }
+// Token rows whose bits must not depend on the batch: the smem kernel's regime is 1-8 rows (more
+// rows run on the tensor-core kernel), the others' any number.
+int invariance_rows(QuantGemvPath p) { return p == QuantGemvPath::smem ? 8 : kMaxRows; }
 
 // The tensor-core path must really run when asked for (quant_linear would quietly take the SIMT one).
 template <class F>
 void launch_as(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path) {
     if (path == QuantGemvPath::mma && !qdetail::quant_mma_fits<F>(a))
         die(text("the tensor-core path does not take %dx%d (or the pointers' alignment)", a.n, a.k));
+    if (path == QuantGemvPath::smem && a.rows <= 8 && !qdetail::quant_smem_fits<F>(qdetail::fused_of(a)))
+        die(text("the shared-memory path does not take %dx%d (or the pointers' alignment)", a.n, a.k));
     quant_linear<F>(c, a, path);
 }
 
 // The tensor-core kernel's K split in the last launch (SCR_CUDA_QUANT_SPLITK, qmma_split): "warps x
 // blocks per cluster", for the check lines and the timing table.
-std::string split_of(QuantGemvPath path) {
-    if (path != QuantGemvPath::mma) return "";
+std::string split_of(QuantGemvPath path, int rows = 1) {
+    if (path == QuantGemvPath::smem && rows <= 8) return text(" ks%d", qdetail::qsmem_last_split());
+    if (path == QuantGemvPath::simt) return "";
     const qdetail::QMmaSplit s = qdetail::qmma_last_split();
     return text(" %dx%d", s.warps, s.blocks);
 }
@@ -271,7 +278,6 @@ void dequant_row(Fmt f, const HostWeights& h, int k, int n, std::vector<double>&
     }
 }
 
-constexpr int kMaxRows = 64;  // token rows of the largest check
 constexpr int kRefRows = 14;  // token rows the reference covers: 0-12 (checks of 1, 3, 5, 8, 13 rows) and 63
 int ref_token(int slot) { return slot < 13 ? slot : kMaxRows - 1; }
 int ref_slot(int token) { return token < 13 ? token : token == kMaxRows - 1 ? 13 : -1; }
@@ -602,6 +608,19 @@ int host_selftest() {
             for (int i = 0; i < 4; ++i)
                 if (q[i] != float(int8_t(uint8_t(w >> (8 * i))))) ++bad;
         }
+    // The smem kernel's int4 denormals: nibble i of a word (half-word i / 4, masked in place) times
+    // x staged with qs_x_scale(i % 4) is x q 2^-60 exactly, for x across the float range it meets.
+    for (int pos = 0; pos < 8; ++pos)
+        for (uint32_t v = 0; v < 16; ++v) {
+            const uint32_t w = (pattern & ~(0xfu << (4 * pos))) | (v << (4 * pos));
+            float q[4];
+            qdetail::qs_u4_half(pos >= 4 ? w >> 16 : w & 0xffffu, q);
+            for (float x : {1.0f, -0.7071f, 3.0e-7f, 1234.5f, 1.0e9f}) {
+                const volatile float xs = x * qdetail::qs_x_scale(pos % 4);  // volatile: computed at run time
+                const double got = double(xs * q[pos % 4]) * 0x1p60;
+                if (got != double(float(double(x) * v))) ++bad;
+            }
+        }
     // The MMA operands: nibble pairs (p, p + 4) and int8 byte pairs as exact bf16x2.
     for (int pos = 0; pos < 8; ++pos)
         for (uint32_t v = 0; v < 16; ++v) {
@@ -703,22 +722,24 @@ int host_selftest() {
 // references. Token rows get different magnitudes, so a sum of squares taken from the wrong token
 // fails. Batch invariance as above: a 64-row launch against each row alone, bit for bit.
 template <class F>
-void launch_fused_as(const Ctx& c, const QuantFusedArgs& a, bool swiglu) {
+void launch_fused_as(const Ctx& c, const QuantFusedArgs& a, bool swiglu, QuantGemvPath path) {
+    if (path == QuantGemvPath::smem && a.rows <= 8 && !qdetail::quant_smem_fits<F>(a))
+        die(text("the shared-memory path declined k = %d", a.k));
     bool ran;
-    if (swiglu) ran = a.norm_w ? quant_linear_fused<F, true, true>(c, a) : quant_linear_fused<F, true, false>(c, a);
-    else ran = a.norm_w ? quant_linear_fused<F, false, true>(c, a) : quant_linear_fused<F, false, false>(c, a);
+    if (swiglu) ran = a.norm_w ? quant_linear_fused<F, true, true>(c, a, path) : quant_linear_fused<F, true, false>(c, a, path);
+    else ran = a.norm_w ? quant_linear_fused<F, false, true>(c, a, path) : quant_linear_fused<F, false, false>(c, a, path);
     if (!ran) die(text("the fused path declined k = %d", a.k));
 }
-void launch_fused(Fmt f, cudaStream_t st, const QuantFusedArgs& a, bool swiglu) {
+void launch_fused(Fmt f, cudaStream_t st, const QuantFusedArgs& a, bool swiglu, QuantGemvPath path) {
     Ctx c;
     c.stream = st;
     switch (f) {
-        case Fmt::int4_g32: launch_fused_as<qdetail::MlxInt4<32, bf16_t>>(c, a, swiglu); break;
-        case Fmt::int4_g64: launch_fused_as<qdetail::MlxInt4<64, bf16_t>>(c, a, swiglu); break;
-        case Fmt::int4_g128: launch_fused_as<qdetail::MlxInt4<128, bf16_t>>(c, a, swiglu); break;
-        case Fmt::int8: launch_fused_as<qdetail::Int8Channel<bf16_t>>(c, a, swiglu); break;
-        case Fmt::fp8: launch_fused_as<qdetail::Fp8E4M3<bf16_t, false>>(c, a, swiglu); break;
-        case Fmt::fp8_tensor: launch_fused_as<qdetail::Fp8E4M3<bf16_t, true>>(c, a, swiglu); break;
+        case Fmt::int4_g32: launch_fused_as<qdetail::MlxInt4<32, bf16_t>>(c, a, swiglu, path); break;
+        case Fmt::int4_g64: launch_fused_as<qdetail::MlxInt4<64, bf16_t>>(c, a, swiglu, path); break;
+        case Fmt::int4_g128: launch_fused_as<qdetail::MlxInt4<128, bf16_t>>(c, a, swiglu, path); break;
+        case Fmt::int8: launch_fused_as<qdetail::Int8Channel<bf16_t>>(c, a, swiglu, path); break;
+        case Fmt::fp8: launch_fused_as<qdetail::Fp8E4M3<bf16_t, false>>(c, a, swiglu, path); break;
+        case Fmt::fp8_tensor: launch_fused_as<qdetail::Fp8E4M3<bf16_t, true>>(c, a, swiglu, path); break;
         default: die(text("launch_fused: %s has no case here", name_of(f)));
     }
 }
@@ -741,7 +762,7 @@ int fused_checks(cudaStream_t st) {
         {"odd pair grouped", 384, {72, 1001, 0}, false, false, true},
         {"1B single + norm + bias + residual", 2048, {2048, 0, 0}, false, true, true},
     };
-    const int check_rows[] = {1, 5, 13, kMaxRows};
+    const int check_rows[] = {1, 2, 3, 5, 8, 13, kMaxRows};
     const float eps = 1e-5f;
     int failures = 0;
     for (const FusedCase& fc : cases) {
@@ -811,9 +832,10 @@ int fused_checks(cudaStream_t st) {
                 return a;
             };
             const int nout = fc.swiglu ? 1 : nmat;
+            for (QuantGemvPath path : {QuantGemvPath::smem, QuantGemvPath::mma}) {
             for (int rows : check_rows) {
                 for (int m = 0; m < nout; ++m) CK(cudaMemset(y[m], 0xff, sizeof(float) * kMaxRows * fc.n[m]));
-                launch_fused(f, st, args(rows, 0, y), fc.swiglu);
+                launch_fused(f, st, args(rows, 0, y), fc.swiglu, path);
                 CK(cudaGetLastError());
                 CK(cudaStreamSynchronize(st));
                 size_t unwritten = 0, wrong = 0, checked = 0;
@@ -854,30 +876,33 @@ int fused_checks(cudaStream_t st) {
                 }
                 const bool ok = unwritten == 0 && wrong == 0 && checked > 0;
                 failures += ok ? 0 : 1;
-                std::printf("check fused %-34s k %4d %-13s rows %2d: %zu outputs checked, err/tol max %.2e, wrong %zu, "
+                std::printf("check fused %-34s k %4d %-13s %-4s%s rows %2d: %zu outputs checked, err/tol max %.2e, wrong %zu, "
                             "unwritten %zu -> %s\n",
-                            fc.what, k, name_of(f), rows, checked, worst, wrong, unwritten, ok ? "ok" : "FAILED");
+                            fc.what, k, name_of(f), name_of(path), split_of(path, rows).c_str(), rows, checked, worst, wrong,
+                            unwritten, ok ? "ok" : "FAILED");
             }
-            // Batch invariance: 64 rows in one launch vs each row alone.
+            // Batch invariance: 64 rows (smem: 8) in one launch vs each row alone.
+            const int inv_rows = invariance_rows(path);
             for (int m = 0; m < nout; ++m) {
                 CK(cudaMemset(y[m], 0xff, sizeof(float) * kMaxRows * fc.n[m]));
                 CK(cudaMemset(y_alone[m], 0xff, sizeof(float) * kMaxRows * fc.n[m]));
             }
-            launch_fused(f, st, args(kMaxRows, 0, y), fc.swiglu);
-            for (int r = 0; r < kMaxRows; ++r) launch_fused(f, st, args(1, r, y_alone), fc.swiglu);
+            launch_fused(f, st, args(inv_rows, 0, y), fc.swiglu, path);
+            for (int r = 0; r < inv_rows; ++r) launch_fused(f, st, args(1, r, y_alone), fc.swiglu, path);
             CK(cudaGetLastError());
             CK(cudaStreamSynchronize(st));
             size_t differ = 0, total = 0;
             for (int m = 0; m < nout; ++m) {
-                std::vector<float> a(size_t(kMaxRows) * fc.n[m]), b(a.size());
+                std::vector<float> a(size_t(inv_rows) * fc.n[m]), b(a.size());
                 CK(cudaMemcpy(a.data(), y[m], sizeof(float) * a.size(), cudaMemcpyDeviceToHost));
                 CK(cudaMemcpy(b.data(), y_alone[m], sizeof(float) * b.size(), cudaMemcpyDeviceToHost));
                 for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], 4) != 0 ? 1 : 0;
                 total += a.size();
             }
             failures += differ ? 1 : 0;
-            std::printf("check fused %-34s k %4d %-13s batch invariance (64 rows vs each alone): %zu of %zu outputs differ -> %s\n",
-                        fc.what, k, name_of(f), differ, total, differ ? "FAILED" : "ok");
+            std::printf("check fused %-34s k %4d %-13s %-4s batch invariance (%d rows vs each alone): %zu of %zu outputs differ -> %s\n",
+                        fc.what, k, name_of(f), name_of(path), inv_rows, differ, total, differ ? "FAILED" : "ok");
+            }
             for (int m = 0; m < nmat; ++m) {
                 free_weights(w[m]);
                 cudaFree(y[m]);
@@ -1041,7 +1066,8 @@ int main(int argc, char** argv) try {
                                 r += double(hbias[nn]) + double(hres[size_t(t) * n + nn]);
                                 b += std::fabs(double(hbias[nn])) + std::fabs(double(hres[size_t(t) * n + nn]));
                             }
-                            const double tol = path == QuantGemvPath::mma ? kMmaTolRel * b + kMmaTolAbs : kSimtTol * b;
+                            const bool on_mma = path == QuantGemvPath::mma || (path == QuantGemvPath::smem && rows > 8);
+                            const double tol = on_mma ? kMmaTolRel * b + kMmaTolAbs : kSimtTol * b;
                             const double e = std::fabs(out - r);
                             if (!(e <= tol)) ++wrong;
                             worst = std::max(worst, e / tol);
@@ -1054,25 +1080,27 @@ int main(int argc, char** argv) try {
                     failures += ok ? 0 : 1;
                     std::printf("check %6dx%-5d %-13s %-4s%s rows %2d%s: %zu outputs checked, err/tol max %.2e, "
                                 "||err||/||ref|| %.2e, wrong %zu, unwritten %zu -> %s\n",
-                                n, k, name_of(f), name_of(path), split_of(path).c_str(), rows, ck.epilogue ? " +bias+residual" : "", checked, worst,
+                                n, k, name_of(f), name_of(path), split_of(path, rows).c_str(), rows, ck.epilogue ? " +bias+residual" : "", checked, worst,
                                 std::sqrt(err2 / ref2), wrong, unwritten, ok ? "ok" : "FAILED");
                 }
-                // Batch invariance: each row alone (bias + residual too) against the same row in a batch of 64.
+                // Batch invariance: each row alone (bias + residual too) against the same row in a batch
+                // of 64 (smem: of 8, its regime).
+                const int inv_rows = invariance_rows(path);
                 CK(cudaMemset(y, 0xff, sizeof(float) * kMaxRows * n));
                 CK(cudaMemset(y_alone, 0xff, sizeof(float) * kMaxRows * n));
-                launch(f, path, st, args(kMaxRows, x, y, true, residual));
-                for (int r = 0; r < kMaxRows; ++r)
+                launch(f, path, st, args(inv_rows, x, y, true, residual));
+                for (int r = 0; r < inv_rows; ++r)
                     launch(f, path, st, args(1, x + size_t(r) * k, y_alone + size_t(r) * n, true, residual + size_t(r) * n));
                 CK(cudaGetLastError());
                 CK(cudaStreamSynchronize(st));
-                CK(cudaMemcpy(hy.data(), y, sizeof(float) * kMaxRows * n, cudaMemcpyDeviceToHost));
-                CK(cudaMemcpy(hy_alone.data(), y_alone, sizeof(float) * kMaxRows * n, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(hy.data(), y, sizeof(float) * inv_rows * n, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(hy_alone.data(), y_alone, sizeof(float) * inv_rows * n, cudaMemcpyDeviceToHost));
                 size_t differ = 0;
-                for (size_t i = 0; i < hy.size(); ++i) differ += std::memcmp(&hy[i], &hy_alone[i], 4) != 0 ? 1 : 0;
+                for (size_t i = 0; i < size_t(inv_rows) * n; ++i) differ += std::memcmp(&hy[i], &hy_alone[i], 4) != 0 ? 1 : 0;
                 failures += differ ? 1 : 0;
-                std::printf("check %6dx%-5d %-13s %-4s batch invariance (64 rows vs each alone, +bias+residual): %zu of %zu "
+                std::printf("check %6dx%-5d %-13s %-4s batch invariance (%d rows vs each alone, +bias+residual): %zu of %zu "
                             "outputs differ -> %s\n",
-                            n, k, name_of(f), name_of(path), differ, hy.size(), differ ? "FAILED" : "ok");
+                            n, k, name_of(f), name_of(path), inv_rows, differ, size_t(inv_rows) * n, differ ? "FAILED" : "ok");
             }
             free_weights(w0);
             if (!bench) continue;
@@ -1083,7 +1111,7 @@ int main(int argc, char** argv) try {
                 Fmt fmt;
                 QuantGemvPath path;
             };
-            std::vector<Run> runs = {{f, QuantGemvPath::mma}, {f, QuantGemvPath::simt}};
+            std::vector<Run> runs = {{f, QuantGemvPath::smem}, {f, QuantGemvPath::mma}, {f, QuantGemvPath::simt}};
             if (f == Fmt::fp8) {
                 // The conversion A/B: cvt.rn.f16x2.e4m3x2 instead of the bit path, same weights; it must
                 // give the same bits (both conversions are exact) once the NaN codes are gone.
@@ -1127,7 +1155,7 @@ int main(int argc, char** argv) try {
                         launch(run.fmt, path, st, a);
                     });
                     const double gbs = double(s.total()) / (us * 1e-6) / 1e9;
-                    const std::string label = std::string(name_of(run.fmt)) + " " + name_of(path) + split_of(path);
+                    const std::string label = std::string(name_of(run.fmt)) + " " + name_of(path) + split_of(path, rows);
                     table.push_back(text("%6dx%-5d %-11s %-22s %4d %9.2f %7.0f %5.1f%% %5.2fx", n, k, sh.what, label.c_str(), rows, us,
                                          gbs, 100.0 * gbs / copy, bf16_us[rows] / us));
                 }
