@@ -6,6 +6,7 @@
 // prefill and decode tokens. Causal: a token sees positions 0..its own.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdlib>
 
@@ -56,6 +57,10 @@ __global__ void kv_append_kernel(int rows, const int64_t* __restrict__ slots, co
     }
 }
 
+// Blocks per SM the register budget is set for: the few-warp blocks of many-row decode steps run
+// several to an SM (16 warps in all, at most 128 registers per thread).
+__host__ __device__ constexpr int attention_min_blocks(int warps) { return warps <= 4 ? 16 / warps : 1; }
+
 template <int G, int D>
 __host__ __device__ constexpr int attention_warps() {
     constexpr int w = 8192 / (G * D);
@@ -100,12 +105,11 @@ __device__ __forceinline__ void merge_warps(const float (&m)[G], const float (&l
 // One block's work for token t and kv head g: its warps walk the visible KV blocks with an online
 // softmax each (keys in groups of 8, all loads of a group issued first), then merge into o [G][D].
 // qg: the group's G query heads, rotated (global or shared memory).
-template <int HQ, int HKV, int D, int BS, typename KVT>
+template <int HQ, int HKV, int D, int BS, typename KVT, int NW>
 __device__ __forceinline__ void attend_group(int g, int ctx, int first, const int32_t* table, const float* qg, const std::byte* kv,
                                              int64_t block_bytes, int64_t k_off, int64_t v_off, float scale, const AttnExtras& x,
                                              float* o) {
     constexpr int G = HQ / HKV;
-    constexpr int NW = attention_warps<G, D>();
     constexpr int DPL = (D + kWarp - 1) / kWarp;  // head dims per lane
     static_assert(G * D <= 8192, "grouped heads x head_dim too large for one thread block's merge buffer");
     __shared__ float sm_m[NW][G], sm_l[NW][G];
@@ -181,8 +185,8 @@ __device__ __forceinline__ void attend_group(int g, int ctx, int first, const in
     merge_warps<G, D, NW, DPL>(m, l, acc, sm_m, sm_l, sm_acc, x.sinks ? x.sinks + g * G : nullptr, o);
 }
 
-template <int HQ, int HKV, int D, int BS, typename KVT>
-__global__ void __launch_bounds__(attention_warps<HQ / HKV, D>() * kWarp)
+template <int HQ, int HKV, int D, int BS, typename KVT, int NW = attention_warps<HQ / HKV, D>()>
+__global__ void __launch_bounds__(NW * kWarp, attention_min_blocks(NW))
 attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const std::byte* __restrict__ kv, int64_t block_bytes,
                  int64_t k_off, int64_t v_off, float scale, const AttnExtras x, float* __restrict__ out,
                  const __grid_constant__ L2Plan pf) {
@@ -201,7 +205,7 @@ attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const 
         return;
     }
     const auto [ctx, first, table] = attn_token(st, t, x);
-    attend_group<HQ, HKV, D, BS, KVT>(g, ctx, first, table, q + (size_t(t) * HQ + size_t(g) * G) * D, kv, block_bytes, k_off, v_off,
+    attend_group<HQ, HKV, D, BS, KVT, NW>(g, ctx, first, table, q + (size_t(t) * HQ + size_t(g) * G) * D, kv, block_bytes, k_off, v_off,
                                       scale, x, o);
 }
 
@@ -213,13 +217,12 @@ attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const 
 // shared memory (rounded to the cache type, as the cache holds it); earlier positions come from
 // the cache, which kernels of earlier steps wrote, so this warp's KV blocks are prefetched into L2
 // before pdl_wait(). Same keys, same order, same arithmetic as rope_append + attention_kernel.
-template <int HQ, int HKV, int D, int ROT, int BS, typename KVT>
-__global__ void __launch_bounds__(attention_warps<HQ / HKV, D>() * kWarp)
+template <int HQ, int HKV, int D, int ROT, int BS, typename KVT, int NW = attention_warps<HQ / HKV, D>()>
+__global__ void __launch_bounds__(NW * kWarp, attention_min_blocks(NW))
 rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                       const __grid_constant__ RopeFreqs<ROT / 2> f, std::byte* kv, int64_t block_bytes, int64_t k_off, int64_t v_off,
                       float scale, const AttnExtras x, float* __restrict__ out, const __grid_constant__ L2Plan pf) {
     constexpr int G = HQ / HKV;
-    constexpr int NW = attention_warps<G, D>();
     constexpr int kHalf = ROT / 2;
     __shared__ float sm_q[G + 1][D];  // this token's G query heads, then its key head (rotated)
     __shared__ float sm_v[D];
@@ -283,7 +286,7 @@ rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, c
     // The block's own global writes are visible to all its threads after the barrier: the key
     // loop then reads this position from the cache like any other.
     __syncthreads();
-    attend_group<HQ, HKV, D, BS, KVT>(g, ctx, first, table, &sm_q[0][0], kv, block_bytes, k_off, v_off, scale, x, o);
+    attend_group<HQ, HKV, D, BS, KVT, NW>(g, ctx, first, table, &sm_q[0][0], kv, block_bytes, k_off, v_off, scale, x, o);
 }
 
 // The same attention with one key per lane (tiles of 32 keys per warp): a lane scores its key
@@ -407,6 +410,18 @@ void kv_append(const Ctx& c, int rows, const float* k, const float* v, std::byte
 
 constexpr int kAttentionDecodeMaxRows = 64;
 
+// Decode steps of many sequences (from kAttentionManyRows rows, one token per sequence, up to
+// kAttentionFusedMaxRows) run the per-key-group kernels with kAttentionManyRowsWarps warps per block
+// instead of 16: at 128 registers per thread a 16-warp block fills an SM's register file, so the
+// 512 blocks of an 8B step at B = 64 ran in four waves (60 us per layer, docs/CUDA.md); 4-warp blocks
+// run four to an SM. The warp count changes the order a token's keys are summed in, so it is a
+// function of the row count's regime only (1-32 / 33 and up, as the linears' regimes), never of the
+// exact batch: a sequence's bits do not depend on the other rows of its regime. No L2 prefetch
+// blocks here (the step's GEMMs keep HBM busy).
+constexpr int kAttentionManyRows = 33;
+constexpr int kAttentionFusedMaxRows = 256;
+constexpr int kAttentionManyRowsWarps = 4;
+
 // Causal attention of every token's query heads over its sequence's KV blocks (already appended).
 template <int HQ, int HKV, int D, int BS, typename KVT>
 void attention(const Ctx& c, int rows, const float* q, const std::byte* kv, int64_t block_bytes, int64_t k_off, int64_t v_off,
@@ -416,7 +431,11 @@ void attention(const Ctx& c, int rows, const float* q, const std::byte* kv, int6
     constexpr int NW = detail::attention_warps<HQ / HKV, D>();
     // Decode-sized launches (short contexts per token) take the per-key-group kernel; prefill-sized
     // ones the key-per-lane kernel (docs/CUDA.md has both measured).
-    if (rows <= kAttentionDecodeMaxRows) {
+    if (c.one_token_per_seq && rows >= kAttentionManyRows && rows <= kAttentionFusedMaxRows) {
+        constexpr int NWM = std::min(NW, kAttentionManyRowsWarps);
+        launch(c, detail::attention_kernel<HQ, HKV, D, BS, KVT, NWM>, dim3(rows, HKV), dim3(NWM * kWarp), rows, c.step, q, kv,
+               block_bytes, k_off, v_off, scale, extras, out, L2Plan{});
+    } else if (rows <= kAttentionDecodeMaxRows) {
         // Decode attention reads little from HBM: with SCR_CUDA_L2_PREFETCH=1, extra columns of
         // blocks prefetch the next launches' weights into L2 (Ctx::l2, from the emitter; off: none).
         const L2Plan pf = l2_plan(c.l2, L2Site::attention);
@@ -440,7 +459,7 @@ inline bool rope_attention_fused_on() {
 
 // RoPE on q and k, this step's K and V into their KV slots, then attention (what rope_append
 // followed by attention does): one launch for decode steps with one token per sequence and at most
-// kAttentionDecodeMaxRows rows, otherwise those two launches (rotated q goes to q_out).
+// kAttentionFusedMaxRows rows, otherwise those two launches (rotated q goes to q_out).
 template <int HQ, int HKV, int D, int ROT, int BS, typename KVT>
 void rope_attention(const Ctx& c, int rows, const float* q, const float* k, const float* v, float* q_out,
                     const RopeFreqs<ROT / 2>& f, std::byte* kv, int64_t block_bytes, int64_t k_off, int64_t v_off, float scale,
@@ -448,6 +467,12 @@ void rope_attention(const Ctx& c, int rows, const float* q, const float* k, cons
     static_assert(HQ % HKV == 0, "query heads must be a multiple of kv heads");
     static_assert(ROT % 2 == 0 && ROT <= D, "rotary dims must be even and within head_dim");
     if (rows <= 0) return;
+    if (c.one_token_per_seq && rows >= kAttentionManyRows && rows <= kAttentionFusedMaxRows && rope_attention_fused_on()) {
+        constexpr int NWM = std::min(detail::attention_warps<HQ / HKV, D>(), kAttentionManyRowsWarps);
+        launch(c, detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT, NWM>, dim3(rows, HKV), dim3(NWM * kWarp), rows, c.step, q, k,
+               v, f, kv, block_bytes, k_off, v_off, scale, extras, out, L2Plan{});
+        return;
+    }
     if (c.one_token_per_seq && rows <= kAttentionDecodeMaxRows && rope_attention_fused_on()) {
         constexpr int NW = detail::attention_warps<HQ / HKV, D>();
         const L2Plan pf = l2_plan(c.l2, L2Site::attention);  // as in attention() above

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
+#include <cstdlib>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 
@@ -21,9 +24,60 @@ __global__ void embed_kernel(int rows, const int32_t* __restrict__ ids, const WT
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < H; i += gridDim.x * blockDim.x) out[size_t(t) * H + i] = to_f32(src[i]);
 }
 
-// One warp per row: sum of squares, then y = w * (x * inv). x and y may be the same buffer.
+// One block per row: the row is read once into registers (16-byte loads, all issued before the sum),
+// the sum of squares reduced in a fixed order (lanes, then warps), then y = w * (x * inv). x and y
+// may be the same buffer (a row is read whole before any of it is written). The earlier warp-per-row
+// loop waited on one load per iteration: 50 us for 64 rows of 4096 on the H200 (docs/CUDA.md).
+constexpr int kNormThreads = 256;
+
 template <int D>
-__global__ void rmsnorm_kernel(int rows, const float* x, const float* __restrict__ w, float eps, float* y) {
+__global__ void __launch_bounds__(kNormThreads) rmsnorm_kernel(int rows, const float* x, const float* __restrict__ w, float eps,
+                                                               float* y) {
+    constexpr int kVec = D % 4 == 0 ? 4 : 1;
+    constexpr int kChunks = D / kVec;
+    constexpr int kPer = (kChunks + kNormThreads - 1) / kNormThreads;
+    using Chunk = std::conditional_t<kVec == 4, float4, float>;
+    pdl_wait();
+    pdl_trigger();
+    const int row = blockIdx.x;
+    if (row >= rows) return;
+    const Chunk* xr = reinterpret_cast<const Chunk*>(x + size_t(row) * D);
+    Chunk v[kPer];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const int c = threadIdx.x + j * kNormThreads;
+        if (c < kChunks) v[j] = xr[c];
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        if (threadIdx.x + j * kNormThreads >= kChunks) continue;
+        if constexpr (kVec == 4) ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+        else ss += v[j] * v[j];
+    }
+    __shared__ float part[kNormThreads / kWarp];
+    ss = warp_sum(ss);
+    if (threadIdx.x % kWarp == 0) part[threadIdx.x / kWarp] = ss;
+    __syncthreads();
+    float total = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kNormThreads / kWarp; ++i) total += part[i];
+    const float inv = 1.0f / sqrtf(total / float(D) + eps);
+    Chunk* yr = reinterpret_cast<Chunk*>(y + size_t(row) * D);
+    const Chunk* wc = reinterpret_cast<const Chunk*>(w);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const int c = threadIdx.x + j * kNormThreads;
+        if (c >= kChunks) continue;
+        const Chunk g = wc[c];
+        if constexpr (kVec == 4) yr[c] = make_float4(g.x * (v[j].x * inv), g.y * (v[j].y * inv), g.z * (v[j].z * inv), g.w * (v[j].w * inv));
+        else yr[c] = g * (v[j] * inv);
+    }
+}
+
+// The earlier warp-per-row kernel, kept for A/B runs (SCR_CUDA_FUSED_SPLIT=0).
+template <int D>
+__global__ void rmsnorm_warp_kernel(int rows, const float* x, const float* __restrict__ w, float eps, float* y) {
     pdl_wait();
     pdl_trigger();
     const int row = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -35,6 +89,16 @@ __global__ void rmsnorm_kernel(int rows, const float* x, const float* __restrict
     ss = warp_sum(ss);
     const float inv = 1.0f / sqrtf(ss / float(D) + eps);
     for (int i = lane; i < D; i += kWarp) yr[i] = w[i] * (xr[i] * inv);
+}
+
+// SCR_CUDA_FUSED_SPLIT=0: the batched-decode / prefill path as it was before the fused norm + split
+// (docs/CUDA.md): the warp-per-row RMSNorm, and one hi/lo split and closing pass per cuBLASLt matrix.
+inline bool fused_split_on() {
+    static const bool on = [] {
+        const char* e = std::getenv("SCR_CUDA_FUSED_SPLIT");
+        return !(e && std::strcmp(e, "0") == 0);
+    }();
+    return on;
 }
 
 template <int HALF>
@@ -173,7 +237,10 @@ void embed(const Ctx& c, int rows, const WT* table, float* out) {
 template <int D>
 void rmsnorm(const Ctx& c, int rows, const float* x, const float* w, float eps, float* y) {
     if (rows <= 0) return;
-    launch(c, detail::rmsnorm_kernel<D>, dim3(ceil_div(rows, 8)), dim3(256), rows, x, w, eps, y);
+    if (detail::fused_split_on())
+        launch(c, detail::rmsnorm_kernel<D>, dim3(rows), dim3(detail::kNormThreads), rows, x, w, eps, y);
+    else
+        launch(c, detail::rmsnorm_warp_kernel<D>, dim3(ceil_div(rows, 8)), dim3(256), rows, x, w, eps, y);
 }
 
 template <int HALF>

@@ -803,26 +803,45 @@ void linear_run(const Ctx& c, int rows, const float* x, LinearParams p, const Rm
         launch_gemv_rows<K, WT, NTOTAL, SWIGLU, NORM>(c, p);
         return;
     }
-    if constexpr (NORM) rmsnorm<K>(c, rows, norm.x, norm.w, norm.eps, const_cast<float*>(x));
-    p.x = x;
     p.norm_w = nullptr;
     if constexpr (std::is_same_v<WT, bf16_t> && K % 16 == 0) {
-        // cuBLASLt per matrix (runtime/cuda/prefill_gemm.hpp); what it declines, our WMMA GEMM.
-        LinearParams rest = p;
-        rest.nseg = 0;
+        // cuBLASLt for every matrix of the call (runtime/cuda/prefill_gemm.hpp): x normalized (when a
+        // norm is folded here) and split into hi/lo once for all of them, their halves summed in one
+        // closing launch; what it does not take, our WMMA GEMM.
+        static_assert(kMaxSegs <= cuda_rt::kMaxGemmOuts);
+        cuda_rt::GemmOut outs[cuda_rt::kMaxGemmOuts];
         for (int s = 0; s < p.nseg; ++s) {
             const LinearOut& o = p.seg[s];
-            const bool done = SWIGLU ? cuda_rt::prefill_swiglu_bf16(c.stream, rows, o.n, K, x, o.w, o.w_up, o.y)
-                                     : cuda_rt::prefill_linear_bf16(c.stream, rows, o.n, K, x, o.w, o.bias, o.residual, o.y);
-            if (!done) rest.seg[rest.nseg++] = o;
+            outs[s] = cuda_rt::GemmOut{o.w, SWIGLU ? o.w_up : nullptr, o.bias, o.residual, o.y, o.n};
         }
-        if (rest.nseg == 0) return;
+        LinearParams rest = p;
+        rest.nseg = 0;
+        if (fused_split_on()) {
+            const int done = cuda_rt::prefill_linears_bf16(c.stream, rows, K, NORM ? norm.x : x, NORM ? norm.w : nullptr, norm.eps,
+                                                           outs, p.nseg);
+            if (done == p.nseg) return;
+            if constexpr (NORM) rmsnorm<K>(c, rows, norm.x, norm.w, norm.eps, const_cast<float*>(x));
+            for (int s = done; s < p.nseg; ++s) rest.seg[rest.nseg++] = p.seg[s];
+        } else {  // the earlier path: one split and closing pass per matrix
+            if constexpr (NORM) rmsnorm<K>(c, rows, norm.x, norm.w, norm.eps, const_cast<float*>(x));
+            for (int s = 0; s < p.nseg; ++s) {
+                const LinearOut& o = p.seg[s];
+                const bool done = SWIGLU ? cuda_rt::prefill_swiglu_bf16(c.stream, rows, o.n, K, x, o.w, o.w_up, o.y)
+                                         : cuda_rt::prefill_linear_bf16(c.stream, rows, o.n, K, x, o.w, o.bias, o.residual, o.y);
+                if (!done) rest.seg[rest.nseg++] = o;
+            }
+            if (rest.nseg == 0) return;
+        }
+        p.x = x;
+        rest.x = x;
         const int row_tiles = ceil_div(rows, 64);
         if (ceil_div(NMAX, 64) * row_tiles * rest.nseg >= 132)
             launch(c, gemm_bf16_kernel<K, 64, SWIGLU>, dim3(ceil_div(NMAX, 64), row_tiles, rest.nseg), dim3(128), rest);
         else
             launch(c, gemm_bf16_kernel<K, 32, SWIGLU>, dim3(ceil_div(NMAX, 32), row_tiles, rest.nseg), dim3(128), rest);
     } else {
+        if constexpr (NORM) rmsnorm<K>(c, rows, norm.x, norm.w, norm.eps, const_cast<float*>(x));
+        p.x = x;
         launch(c, gemm_simt_kernel<K, WT, SWIGLU>, dim3(ceil_div(NMAX, 16), ceil_div(rows, 16), p.nseg), dim3(16, 16), p);
     }
 }

@@ -4,6 +4,7 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -26,6 +27,69 @@ __global__ void split_hi_lo_kernel(int64_t n, const float* __restrict__ x, __nv_
         const __nv_bfloat16 h = __float2bfloat16_rn(v);
         hi[i] = h;
         lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
+    }
+}
+
+// The split with a folded RMSNorm: one block per row, x[row] * inv_rms * norm_w split into hi and lo
+// (the sum of squares reduced in a fixed order: lanes, then warps). k % 4 == 0.
+constexpr int kNormSplitThreads = 256;
+__global__ void __launch_bounds__(kNormSplitThreads) norm_split_hi_lo_kernel(int k, const float* __restrict__ x,
+                                                                             const float* __restrict__ w, float eps, int64_t elems,
+                                                                             __nv_bfloat16* __restrict__ hi) {
+    const float4* xr = reinterpret_cast<const float4*>(x + size_t(blockIdx.x) * k);
+    const int chunks = k / 4;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < chunks; c += kNormSplitThreads) {
+        const float4 v = xr[c];
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    __shared__ float part[kNormSplitThreads / 32];
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    float total = 0.0f;
+    for (int i = 0; i < kNormSplitThreads / 32; ++i) total += part[i];
+    const float inv = 1.0f / sqrtf(total / float(k) + eps);
+    __nv_bfloat16* h = hi + size_t(blockIdx.x) * k;
+    __nv_bfloat16* l = h + elems;
+    for (int c = threadIdx.x; c < chunks; c += kNormSplitThreads) {
+        const float4 v = xr[c], g = reinterpret_cast<const float4*>(w)[c];
+        const float e[4] = {g.x * (v.x * inv), g.y * (v.y * inv), g.z * (v.z * inv), g.w * (v.w * inv)};
+        for (int i = 0; i < 4; ++i) {
+            const __nv_bfloat16 b = __float2bfloat16_rn(e[i]);
+            h[4 * c + i] = b;
+            l[4 * c + i] = __float2bfloat16_rn(e[i] - __bfloat162float(b));
+        }
+    }
+}
+
+// The closing pass of prefill_linears_bf16: output blockIdx.y's halves summed (+ bias, + residual),
+// or silu(gate) * up for a SwiGLU output.
+struct HalvesOut {
+    const float* t = nullptr;   // [2 rows][n]
+    const float* u = nullptr;   // SwiGLU: the up projection's [2 rows][n]
+    const float* bias = nullptr;
+    const float* residual = nullptr;
+    float* y = nullptr;
+    int n = 0;
+};
+struct HalvesArgs {
+    HalvesOut out[3];
+    int rows = 0;
+};
+__global__ void sum_outputs_kernel(const __grid_constant__ HalvesArgs a) {
+    const HalvesOut& o = a.out[blockIdx.y];
+    const int64_t total = int64_t(a.rows) * o.n;
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+        float v = o.t[i] + o.t[i + total];
+        if (o.u) {
+            const float u = o.u[i] + o.u[i + total];
+            o.y[i] = v * (1.0f / (1.0f + expf(-v))) * u;
+            continue;
+        }
+        if (o.bias) v += o.bias[i % o.n];
+        if (o.residual) v = o.residual[i] + v;
+        o.y[i] = v;
     }
 }
 
@@ -218,6 +282,46 @@ int cublas_min_rows() {
         return e && std::atoi(e) > 0 ? std::atoi(e) : kDefaultMinRows;
     }();
     return min_rows;
+}
+
+int prefill_linears_bf16(cudaStream_t stream, int rows, int k, const float* x, const float* norm_w, float eps, const GemmOut* outs,
+                         int count) {
+    if (!enabled() || rows <= 0 || !min_rows_ok(rows) || count <= 0 || count > kMaxGemmOuts || k % 4 != 0) return 0;
+    State& st = state();
+    std::lock_guard lock(st.mu);
+    const size_t elems = size_t(rows) * k;
+    size_t t_bytes = 0;
+    for (int i = 0; i < count; ++i) t_bytes += size_t(rows) * outs[i].n * (outs[i].w_up ? 16 : 8);
+    std::byte* scratch = st.need(stream, elems * 4 + t_bytes);
+    if (!scratch) return 0;
+    // Every algorithm and layout first: nothing is written unless every GEMM can run.
+    for (int i = 0; i < count; ++i)
+        if (!st.algo(stream, rows, outs[i].n, k) || !st.layout(2 * rows, outs[i].n, k)) return 0;
+    auto* x2 = reinterpret_cast<__nv_bfloat16*>(scratch + kWorkspaceBytes);  // [2 rows][k]: hi, then lo
+    if (norm_w)
+        norm_split_hi_lo_kernel<<<rows, kNormSplitThreads, 0, stream>>>(k, x, norm_w, eps, int64_t(elems), x2);
+    else
+        split_hi_lo_kernel<<<blocks_for(int64_t(elems)), 256, 0, stream>>>(int64_t(elems), x, x2, x2 + elems);
+    HalvesArgs args;
+    args.rows = rows;
+    auto* t = reinterpret_cast<float*>(x2 + 2 * elems);
+    int done = 0, widest = 0;
+    for (; done < count; ++done) {
+        const GemmOut& o = outs[done];
+        HalvesOut& h = args.out[done];
+        h = HalvesOut{t, nullptr, o.bias, o.residual, o.y, o.n};
+        t += 2 * size_t(rows) * o.n;
+        if (!st.gemm_stacked(stream, rows, o.n, k, x2, o.w, const_cast<float*>(h.t))) break;
+        if (o.w_up) {
+            h.u = t;
+            t += 2 * size_t(rows) * o.n;
+            if (!st.gemm_stacked(stream, rows, o.n, k, x2, o.w_up, const_cast<float*>(h.u))) break;
+        }
+        widest = std::max(widest, o.n);
+    }
+    if (done > 0)
+        sum_outputs_kernel<<<dim3(blocks_for(int64_t(rows) * widest), done), 256, 0, stream>>>(args);
+    return done;
 }
 
 bool prefill_linear_bf16(cudaStream_t stream, int rows, int n, int k, const float* x, const void* w, const float* bias,

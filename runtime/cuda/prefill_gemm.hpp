@@ -24,6 +24,27 @@ int cublas_min_rows();
 // take the call as decode (fewer than cublas_min_rows() rows, or a prefill above 256).
 int cublas_decode_bucket(int rows);
 
+// One output of prefill_linears_bf16: y[rows][n] = x W^T (+ bias) (+ residual; may be y), or with
+// w_up set, y = silu(x W^T) * (x W_up^T) (no bias, no residual). W, W_up bf16 [n][k].
+struct GemmOut {
+    const void* w = nullptr;
+    const void* w_up = nullptr;
+    const float* bias = nullptr;
+    const float* residual = nullptr;
+    float* y = nullptr;
+    int n = 0;
+};
+constexpr int kMaxGemmOuts = 3;
+
+// Up to kMaxGemmOuts outputs of the same input (Q, K, V; a SwiGLU pair; one linear), with x split
+// into its hi/lo halves once, optionally normalized on the way (norm_w set: the rows are
+// rmsnorm(x) * norm_w, computed in the same pass; the normalized rows are not written anywhere),
+// and every output's halves summed in one closing launch. Returns how many leading outputs it
+// wrote: 0 when cuBLASLt cannot take every one of them (nothing written then), fewer than `count`
+// only if a cuBLASLt call fails midway. The caller runs the rest on its own GEMM.
+int prefill_linears_bf16(cudaStream_t stream, int rows, int k, const float* x, const float* norm_w, float eps, const GemmOut* outs,
+                         int count);
+
 // y[rows][n] = x[rows][k] W^T (+ bias[n]) (+ residual[rows][n]); W bf16 [n][k]. residual may be y.
 bool prefill_linear_bf16(cudaStream_t stream, int rows, int n, int k, const float* x, const void* w, const float* bias,
                          const float* residual, float* y);

@@ -1,0 +1,61 @@
+#!/bin/bash
+# Where a batched decode step spends its time (issue #6: Llama-3.1-8B at B=16/64/256 behind
+# llama.cpp), and a same-binary A/B of a switch, in one call of the run tool:
+#   OUT=$OUT [AB_ENV=SCR_CUDA_FUSED_SPLIT=0] [MODELS="8b 1b"] [NCU=1] bash tests/cuda/batched_profile.sh CARRY_DIR
+# CARRY_DIR/bin.tar.xz: scr of a CUDA build holding llama-3.1-8b and llama-3.2-1b (bf16), and
+# optionally scr_cuda_linear (run first when present). scr_cuda_bench did not fit beside them under
+# the run tool's 64 MiB.
+#  * `scr bench --mode forward`: prefill of 2,048 tokens, then decode at B = 16/64/256, context 192
+#    (CUDA graphs; B x vocab logits copied to the host every step), with the defaults and with
+#    AB_ENV, alternating, per model;
+#  * NCU=1 (default): Nsight Compute, kernels in isolation, of `scr bench --mode forward --batch B`
+#    on the 8B for B in NCU_BATCHES (default "64 16"), defaults, summarised per kernel name for one
+#    decode step by tests/cuda/ncu_step_table.py.
+set -u
+CARRY=${1:-.bp-carry}
+OUT=${OUT:-/tmp/scr-bp-out}
+LOGS=$OUT/logs
+mkdir -p "$LOGS"
+C=/tmp/scr-bp-bin
+mkdir -p $C && tar -C $C -xJf "$CARRY/bin.tar.xz" || { echo "cannot unpack $CARRY/bin.tar.xz"; exit 1; }
+export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PYTHONUNBUFFERED=1 SCR_HUGE_PAGES=0
+command -v ncu >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
+AB_ENV=${AB_ENV:-SCR_CUDA_FUSED_SPLIT=0}
+summary=()
+step() {  # step NAME TIMEOUT CMD...
+    local name=$1 limit=$2; shift 2
+    local t0=$SECONDS
+    timeout -k 5 "$limit" "$@" > "$LOGS/$name.txt" 2>&1
+    local rc=$?
+    summary+=("$name: rc=$rc ($((SECONDS - t0)) s)")
+}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+if [ -x $C/scr_cuda_linear ]; then
+    step linear 120 $C/scr_cuda_linear
+    grep -E "FAIL|passed|batch-invariant|error" "$LOGS/linear.txt" | head -20
+fi
+for m in ${MODELS:-8b 1b}; do
+    if [ $m = 8b ]; then cfg=llama-3.1-8b; else cfg=llama-3.2-1b; fi
+    M=/dev/shm/l$m
+    step "make_random_$m" 60 $C/scr make-random models/configs/llama/$cfg.json $M --dtype bf16
+    for B in 16 64 256; do
+        for v in default ab; do
+            env=(); [ $v = ab ] && env=($AB_ENV)
+            args=(--mode forward --batch $B --context 192 --iters 4 --input-len 16)
+            [ $B = 64 ] && args=(--mode forward --batch $B --context 192 --iters 4 --input-len 2048)
+            step "bench_${m}_${v}_$B" 60 env "${env[@]}" $C/scr bench $M "${args[@]}"
+            echo "== $m $v ($([ $v = ab ] && echo "$AB_ENV" || echo defaults)) B=$B: $(grep -h '^decode batch\|^prefill 2048' "$LOGS/bench_${m}_${v}_$B.txt" | cut -c1-120 | tr '\n' ' ')"
+        done
+    done
+    if [ $m = 8b ] && [ "${NCU:-1}" = 1 ]; then
+        for B in ${NCU_BATCHES:-64 16}; do
+            step ncu_b$B 150 ncu --clock-control none --launch-count 1800 --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
+                $C/scr bench $M --mode forward --batch $B --input-len 16 --context 192 --iters 1
+            python3 tests/cuda/ncu_step_table.py "$LOGS/ncu_b$B.txt" > "$OUT/ncu_b${B}_table.md" 2>&1
+            cat "$OUT/ncu_b${B}_table.md"
+        done
+    fi
+    rm -rf $M
+done
+printf '%s\n' "${summary[@]}"
