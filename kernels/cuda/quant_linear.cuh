@@ -10,9 +10,12 @@
 //                      when T (per tensor); w = scale * q (compressed-tensors float-quantized). Weight-only:
 //                      x stays float32, as on the CPU target (no fp8 activations here).
 //
-// Two kernels (quant_linear below picks one per shape, never per number of rows):
+// Three kernels (quant_linear below picks one per shape; SCR_CUDA_QUANT_GEMV=smem adds the 1-8-row
+// split described there):
 //  * quant_mma_kernel (default): tensor cores, weights as the MMA's A operand, x as bf16 hi + lo;
 //    described at its definition and in docs/CUDA.md, "Quantized GEMV";
+//  * quant_smem_kernel (SCR_CUDA_QUANT_GEMV=smem, 1-8 token rows): SIMT, x staged in shared memory,
+//    int4 nibbles as exact float32 denormals; described at its definition;
 //  * quant_gemv_kernel (SIMT; SCR_CUDA_QUANT_GEMV=simt, kept for A/B runs):
 //    - packed weights: 16-byte `ld.global.nc.L1::no_allocate` loads, consecutive lanes on
 //      consecutive 16-byte chunks of a row, 8 loads per lane in flight (4 from 2 token rows up);
@@ -1065,7 +1068,7 @@ inline QuantFusedArgs fused_of(const QuantLinearArgs& a) {
 }
 
 
-// ---- Batch 1-8: SIMT GEMV with x staged in shared memory (quant_smem_kernel, the default) ----
+// ---- Batch 1-8: SIMT GEMV with x staged in shared memory (quant_smem_kernel, SCR_CUDA_QUANT_GEMV=smem) ----
 // Built like the bf16 gemv_kernel (linear.cuh), for every format F and every fused variant:
 //  * x (float32; with a folded RMSNorm, x * norm_w) is staged once per block in shared memory, each
 //    16-byte chunk at index i ^ ((i >> 3) & 7): a lane's weight chunk covers 32 (int4) or 16 (int8,
@@ -1471,8 +1474,11 @@ bool quant_smem_fits(const QuantFusedArgs& a) {
 }  // namespace qdetail
 
 // Which kernel quant_linear runs (SCR_CUDA_QUANT_GEMV, read once):
-//   (default) 1-8 token rows on the shared-memory SIMT kernel (quant_smem_kernel), more rows on the
-//             tensor-core one; `mma`: the tensor-core kernel for every row count (the earlier default);
+//   `mma` (default): the tensor-core kernel for every row count;
+//   `smem`: 1-8 token rows on the shared-memory SIMT kernel (quant_smem_kernel), more rows on the
+//           tensor-core one. Llama-3.2-1B end to end on the H200 (docs/CUDA.md): batch-1 decode
+//           +12 % (int4-g64 1,347-1,353 vs 1,201 tok/s; int8 +12 %), but batch 8 2.2x slower (2,917
+//           vs 6,298 tok/s): not the default until its 2-8-row tiles are fixed;
 //   `simt`: the first SIMT kernel (quant_gemv_kernel; unfused launches only).
 // A shape or layout a kernel does not take falls back (smem -> mma -> simt). Within 1-8 rows and
 // within 9+ rows the choice depends on the shape only, so a decode row's bits never depend on the
@@ -1483,8 +1489,8 @@ inline QuantGemvPath quant_gemv_mode() {
     static const QuantGemvPath mode = [] {
         const char* e = std::getenv("SCR_CUDA_QUANT_GEMV");
         if (e && std::strcmp(e, "simt") == 0) return QuantGemvPath::simt;
-        if (e && std::strcmp(e, "mma") == 0) return QuantGemvPath::mma;
-        return QuantGemvPath::smem;
+        if (e && std::strcmp(e, "smem") == 0) return QuantGemvPath::smem;
+        return QuantGemvPath::mma;
     }();
     return mode;
 }

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Issue #9's CUDA figures in one call of the run tool (docs/CUDA.md, "Quantized presets end to end"):
-#   OUT=$OUT [MODEL=1b|8b] [PRESETS="mlx-int4-g64 int8 fp8"] [AB_ENV=SCR_CUDA_QUANT_FUSED=0] [FUSED_AB=1] [FUSED_AB_ARGS=...] \
+#   OUT=$OUT [MODEL=1b|8b] [PRESETS="mlx-int4-g64 int8 fp8"] [AB_ENV=SCR_CUDA_QUANT_FUSED=0] [FUSED_AB=1] [FUSED_AB_ARGS=...] [BATCH8=1] \
 #       bash tests/cuda/quant_bench_run.sh CARRY_DIR
 # CARRY_DIR/bin.tar.xz: `scr` of a CUDA build with llama-3.2-1b (or, MODEL=8b, llama-3.1-8b) x bf16
 # and the PRESETS (the MODEL=8b variant has not run on the device yet: the session-4 budget ran out).
@@ -46,7 +46,17 @@ for p in $PRESETS; do
     step "bench_${m}_ab" 60 env $AB_ENV $C/scr bench $T/$m $BENCH
     echo "== $m $AB_ENV: $(grep -h '^forward:\|^prefill\|^decode' "$LOGS/bench_${m}_ab.txt" | tr '\n' ' ')"
 done
-# FUSED_AB_ARGS: extra quant_fused_ab.py arguments, e.g. "--ref-env SCR_CUDA_QUANT_GEMV=mma".
+# BATCH8=1: each quantized model also at batch 8 (decode), default and with AB_ENV.
+if [ "${BATCH8:-0}" = 1 ]; then
+    for p in $PRESETS; do
+        m=l1b-$p
+        step "bench8_${m}" 60 $C/scr bench $T/$m ${BENCH/--batch 1/--batch 8}
+        echo "== $m batch 8: $(grep -h '^forward:\|^prefill\|^decode' "$LOGS/bench8_${m}.txt" | tr '\n' ' ')"
+        step "bench8_${m}_ab" 60 env $AB_ENV $C/scr bench $T/$m ${BENCH/--batch 1/--batch 8}
+        echo "== $m batch 8 $AB_ENV: $(grep -h '^forward:\|^prefill\|^decode' "$LOGS/bench8_${m}_ab.txt" | tr '\n' ' ')"
+    done
+fi
+# FUSED_AB_ARGS: extra quant_fused_ab.py arguments, e.g. "--test-env SCR_CUDA_QUANT_GEMV=smem --ref-env SCR_CUDA_QUANT_GEMV=mma".
 [ "${FUSED_AB:-1}" = 1 ] && step fused_ab ${FUSED_AB_LIMIT:-60} python3 tests/cuda/quant_fused_ab.py $C/scr ${FUSED_AB_ARGS:-} \
     $(for p in $PRESETS; do echo "l1b-$p=$T/l1b-$p:$p:ready"; done)
 [ -f "$LOGS/fused_ab.txt" ] && { echo "== fused vs unfused logits"; tail -8 "$LOGS/fused_ab.txt"; }

@@ -3,11 +3,12 @@
 unfused plan of the same binary (SCR_CUDA_QUANT_FUSED=0, the plan tests/cuda/quant_e2e.py checked
 against the CPU build), on the GPU machine (docs/CUDA.md, "Quantized presets end to end").
 
-  quant_fused_ab.py SCR_CUDA CASE... [--rtol R] [--ref-env NAME=VALUE]     CASE is NAME=DIR:PRESET[:ready]
+  quant_fused_ab.py SCR_CUDA CASE... [--rtol R] [--ref-env NAME=VALUE] [--test-env NAME=VALUE]     CASE is NAME=DIR:PRESET[:ready]
 
---ref-env: the reference run sets NAME=VALUE instead of SCR_CUDA_QUANT_FUSED=0 (e.g.
-SCR_CUDA_QUANT_GEMV=mma: the default 1-8-row kernel against the tensor-core one; the 8-token prompt
-then runs on each).
+--ref-env: the reference run sets NAME=VALUE instead of SCR_CUDA_QUANT_FUSED=0; --test-env: the
+other run sets NAME=VALUE (default: nothing). E.g. --test-env SCR_CUDA_QUANT_GEMV=smem --ref-env
+SCR_CUDA_QUANT_GEMV=mma: the shared-memory 1-8-row kernel against the tensor-core one (the 8-token
+prompt and the 16-token continuations run on each).
 
 Per case: DIR quantized with the carried binary (or, with ":ready", DIR already is a checkpoint of
 PRESET), then quant_e2e.py's measurements (`scr logits --all` on DIR's reference.json prompts, or
@@ -33,14 +34,15 @@ def load_e2e():
 e2e = load_e2e()
 
 
-def measure_with(scr, ckpt, quant, prompts, fused, ref_env=("SCR_CUDA_QUANT_FUSED", "0")):
-    name, value = ref_env
-    if not fused:
+def measure_with(scr, ckpt, quant, prompts, fused, ref_env=("SCR_CUDA_QUANT_FUSED", "0"), test_env=None):
+    name, value = ref_env if not fused else (test_env or (None, None))
+    if name:
         os.environ[name] = value
     try:
         return e2e.measure(scr, ckpt, quant, prompts)
     finally:
-        os.environ.pop(name, None)
+        if name:
+            os.environ.pop(name, None)
 
 
 def main(argv):
@@ -53,6 +55,11 @@ def main(argv):
     if "--ref-env" in argv:
         i = argv.index("--ref-env")
         ref_env = tuple(argv[i + 1].split("=", 1))
+        argv = argv[:i] + argv[i + 2:]
+    test_env = None
+    if "--test-env" in argv:
+        i = argv.index("--test-env")
+        test_env = tuple(argv[i + 1].split("=", 1))
         argv = argv[:i] + argv[i + 2:]
     if len(argv) < 2:
         print(__doc__)
@@ -76,7 +83,7 @@ def main(argv):
                     prompts = [[(i * 7 + 3) % 500 + 1 for i in range(8)], [(i * 13 + 5) % 900 + 1 for i in range(41)]]
                 prompts.append(e2e.PROMPT_LONG)
                 ref_rows, ref_greedy = measure_with(scr, ckpt, quant, prompts, fused=False, ref_env=ref_env)
-                rows, greedy = measure_with(scr, ckpt, quant, prompts, fused=True)
+                rows, greedy = measure_with(scr, ckpt, quant, prompts, fused=True, test_env=test_env)
             except Exception as e:  # noqa: BLE001  (report the case, go on with the others)
                 print(f"{name}: ERROR {e}")
                 continue
@@ -88,7 +95,7 @@ def main(argv):
             same = greedy == ref_greedy and len(rows) == len(ref_rows)
             ok = same and worst <= rtol
             ok_cases += ok
-            print(f"{name}: {len(rows)} positions, worst ||default - {'='.join(ref_env)}|| / ||{'='.join(ref_env)}|| {worst:.3e} (rtol {rtol}), "
+            print(f"{name}: {len(rows)} positions, worst ||{'='.join(test_env) if test_env else 'default'} - {'='.join(ref_env)}|| / ||{'='.join(ref_env)}|| {worst:.3e} (rtol {rtol}), "
                   f"greedy {'same' if greedy == ref_greedy else 'DIFFERENT'} -> {'ok' if ok else 'FAILED'}")
     print(f"{ok_cases}/{len(cases)} cases match")
     return 0 if ok_cases == len(cases) else 1

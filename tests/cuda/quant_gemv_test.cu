@@ -1,5 +1,7 @@
-// scr_cuda_quant_gemv: the quantized decode GEMVs of kernels/cuda/quant_linear.cuh on the GPU, both
-// kernels: the tensor-core one ("mma", the default) and the SIMT one ("simt", SCR_CUDA_QUANT_GEMV=simt).
+// scr_cuda_quant_gemv: the quantized decode GEMVs of kernels/cuda/quant_linear.cuh on the GPU, all three
+// kernels: the tensor-core one ("mma", the default), the shared-memory SIMT one for 1-8 rows ("smem",
+// SCR_CUDA_QUANT_GEMV=smem; its launches of more rows run the tensor-core kernel, and its batch
+// invariance is checked over 8 rows, its regime) and the first SIMT one ("simt").
 //   * correctness: random non-zero packed weights, scales, biases and activations at Llama-3.2-1B /
 //     Llama-3.1-8B shapes, each output checked against a float64 host reference of the same
 //     dequantization (w = scale * q + bias; int8, fp8: w = scale * q), for 1, 2, 3, 4, 8, 13, 16 and
