@@ -19,5 +19,4 @@ string(APPEND CMAKE_CUDA_FLAGS " ${SCR_CUDA_GENCODE} -Xcompiler=-Wall -Xcompiler
 find_package(CUDAToolkit REQUIRED)
 add_link_options(-static-libstdc++ -static-libgcc)
 add_subdirectory(${PROJECT_SOURCE_DIR}/runtime/cuda ${PROJECT_BINARY_DIR}/runtime/cuda)
-add_subdirectory(${PROJECT_SOURCE_DIR}/bench/cuda ${PROJECT_BINARY_DIR}/bench/cuda)
 message(STATUS "Scratchy: CUDA target, nvcc ${CMAKE_CUDA_COMPILER_VERSION}, ${SCR_CUDA_GENCODE}")

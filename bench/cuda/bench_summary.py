@@ -3,7 +3,7 @@
 
     bench_summary.py LOGS_DIR  > summary.md
 
-bench_<m>.txt: scr_cuda_bench ("JSON {...}": decode_ms, floor_ms from the copy bandwidth measured in the
+bench_<m>.txt: `scr cuda-bench` ("JSON {...}": decode_ms, floor_ms from the copy bandwidth measured in the
 same run, batch_tps, prefill_tps, ...); peers_<m>.txt: peers_torch.py; serve_<m>.txt: serve_load.py.
 llama.cpp figures are not re-run: they are quoted from ../shared/notes/facts.md (same H200 machine,
 random bf16 weights, flash-attn on, measured 2026-11-30).

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue #6's benchmark table in one call on the GPU machine (docs/CUDA.md, "Benchmark run"):
 #   OUT=$OUT bash bench/cuda/device_bench.sh CARRY_DIR
-# CARRY_DIR/bin.tar.xz: scr + scr_cuda_bench of a CUDA build holding llama-3.2-1b, llama-3.1-8b and
+# CARRY_DIR/bin.tar.xz: scr (with its `cuda-bench` command) of a CUDA build holding llama-3.2-1b, llama-3.1-8b and
 # qwen3-30b-a3b (bf16), packed by tests/cuda/pack_carry.sh. Random bf16 checkpoints of the three
 # shapes are made on the machine (`scr make-random`, into /dev/shm: the disk is 64 GB), then, most
 # important first, each step under `timeout` and a whole-run deadline (BENCH_BUDGET_S, default 500 s,
@@ -9,10 +9,14 @@
 #
 #   step (expected s / cap s)                                     what
 #   probe            (2 / 10)    GPU, memory, /dev/shm, python packages, node
+#   linear           (10 / 60)   scr_cuda_linear --no-bench, when the carry holds it
 #   make_random_1b   (3 / 30)    2.5 GB checkpoint
-#   bench_1b         (15 / 60)   scr_cuda_bench --prompt 128 --decode 128 --prefill 2048 --batches 16,64,256
+#   bench_1b         (15 / 60)   scr cuda-bench --prompt 128 --decode 128 --prefill 2048 --batches 16,64,256
 #   make_random_8b   (12 / 60)   16 GB checkpoint
 #   bench_8b         (35 / 90)   same flags
+#   bench_8b_before  (30 / 60)   SCR_CUDA_FUSED_SPLIT=0 (this session's A/B); warm-file start-up
+#   bench_1b_warm    (8 / 40)    warm-file start-up of the 1B, B=64 again
+#   ncu_mma_b16, ncu_attn_b64 (20 / 40 each)  Nsight Compute sections of one launch each (NCU_DETAIL=0: skip)
 #   serve_1b         (25 / 60)   scr serve + serve_load.py, 1/16/64 clients, 128-token prompts, 128 out
 #   serve_8b         (40 / 75)   same
 #   peers_1b         (60 / 100)  transformers: prefill 2k, batch 64 eager, batch 1 eager, batch 1 compiled
@@ -32,11 +36,12 @@ exec > >(tee -a "$OUT/device_bench.log") 2>&1
 C=/tmp/scr-cuda-bin
 mkdir -p $C && tar -C $C -xJf "$CARRY/bin.tar.xz" || { echo "cannot unpack $CARRY/bin.tar.xz"; exit 1; }
 export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}  # cuBLAS(Lt) is there
+command -v ncu > /dev/null || export PATH=$PATH:/usr/local/cuda/bin  # Nsight Compute (ncu_* steps)
 export PYTHONUNBUFFERED=1
 export SCR_HUGE_PAGES=0  # the CUDA target uploads from the file mapping; a huge-page copy of 61 GB would not fit beside /dev/shm
 export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache
 SCR=$C/scr
-BENCH=$C/scr_cuda_bench
+BENCH="$C/scr cuda-bench"
 CFG=models/configs
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
@@ -103,16 +108,28 @@ D1=$(room_for 3000000000 || echo /tmp)/scr-l1b
 D8=$(room_for 17000000000 || echo /tmp)/scr-l8b
 rm -rf "$D1" "$D8"
 
-# ---- Llama-3.2-1B and Llama-3.1-8B: scr_cuda_bench
+# ---- The bf16 linears against float64 (and their batch invariance per regime), when carried
+[ -x $C/scr_cuda_linear ] && step linear 60 $C/scr_cuda_linear --no-bench
+
+# ---- Llama-3.2-1B and Llama-3.1-8B: scr cuda-bench
 step make_random_1b 30 $SCR make-random $CFG/llama/llama-3.2-1b.json "$D1" --dtype bf16 &&
     step bench_1b 60 $BENCH "$D1" --prompt 128 --decode 128 --prefill 2048 --batches 16,64,256
-# The same decode batches with cuBLASLt from 9 rows (instead of the MMA linear up to 256): an A/B.
-# The session-3 decode kernels from the same binary (GEMV one row per warp, RoPE as its own launch;
-# one cuBLASLt algorithm for all decode batches), for the A/B of docs/CUDA.md.
-[ -f "$D1/model.safetensors" ] && step bench_1b_before 40 env SCR_CUDA_GEMV=row SCR_CUDA_ROPE_ATTN=0 SCR_CUDA_CUBLAS_DECODE=single \
-    $BENCH "$D1" --prompt 128 --decode 64 --prefill 0 --batches 16,64,256
 step make_random_8b 60 $SCR make-random $CFG/llama/llama-3.1-8b.json "$D8" --dtype bf16 &&
     step bench_8b 90 $BENCH "$D8" --prompt 128 --decode 128 --prefill 2048 --batches 16,64,256
+# Session 5's A/B from the same binary: the cuBLASLt path as it was (warp-per-row RMSNorm, a hi/lo
+# split and closing pass per matrix), docs/CUDA.md "Session 5: batched decode". Being the second
+# process on these files, its start-up line is also the warm-file start-up.
+have "$D8" && step bench_8b_before 60 env SCR_CUDA_FUSED_SPLIT=0 $BENCH "$D8" --prompt 128 --decode 32 --prefill 2048 --batches 16,64,256
+have "$D1" && step bench_1b_warm 40 $BENCH "$D1" --prompt 128 --decode 32 --prefill 0 --batches 64
+# Why the 8B's B=16 step (the MMA linear) and B=64 attention sit below the bandwidth: one launch of
+# each under Nsight Compute's sections (NCU_DETAIL=0 skips).
+if [ "${NCU_DETAIL:-1}" = 1 ] && have "$D8" && command -v ncu > /dev/null; then
+    NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis"
+    step ncu_mma_b16 40 ncu --clock-control none --kernel-name regex:mma_linear --launch-skip 300 --launch-count 2 $NCU_SECTIONS \
+        $SCR bench "$D8" --mode forward --batch 16 --input-len 16 --context 192 --iters 1
+    step ncu_attn_b64 40 ncu --clock-control none --kernel-name regex:rope_attention --launch-skip 40 --launch-count 1 $NCU_SECTIONS \
+        $SCR bench "$D8" --mode forward --batch 64 --input-len 16 --context 192 --iters 1
+fi
 
 # ---- through the server
 serve serve_1b "$D1" 60
@@ -148,3 +165,5 @@ python3 bench/cuda/bench_summary.py "$LOGS" > "$OUT/summary.md" 2> "$LOGS/summar
 echo; echo "==== steps"; printf '%s\n' "${summary[@]}"
 echo; cat "$OUT/summary.md"
 echo "total ${SECONDS} s"
+# The run tool brings back only a few files: the logs travel as one archive.
+tar -C "$OUT" -czf "$OUT/logs.tar.gz" logs && rm -rf "$LOGS"

@@ -2,7 +2,7 @@
 # The CUDA target's decode options side by side, in one call on the GPU machine (docs/CUDA.md):
 #   tests/cuda/ab_run.sh CARRY_DIR [8b]
 # Kernel checks first (scr_cuda_linear: bf16 linears vs float64 + batch invariance), then
-# scr_cuda_bench on a random Llama-3.2-1B with each switch flipped: the defaults (GEMV at 1-8
+# scr cuda-bench on a random Llama-3.2-1B with each switch flipped: the defaults (GEMV at 1-8
 # rows, MMA linear at 9-256, cuBLASLt above; programmatic dependent launch), SCR_CUDA_PDL=0,
 # SCR_CUDA_LINEAR=mma (MMA from 1 row), SCR_CUDA_LINEAR=simt + SCR_CUDA_PREFILL=wmma (no MMA linear,
 # no cuBLASLt); an Nsight Compute per-kernel timing of decode steps; with "8b", a random
@@ -34,9 +34,9 @@ B="--prompt 128 --decode 128 --prefill 2048 --batches 16,64,256"
 [ -x $C/scr_cuda_linear ] && step linear_prefill_mma 120 env SCR_CUDA_PREFILL=mma $C/scr_cuda_linear
 [ -x $C/scr_cuda_linear ] && step linear_cublas9 120 env SCR_CUDA_CUBLAS_MIN_ROWS=9 $C/scr_cuda_linear
 step make_random_1b 90 $C/scr make-random models/configs/llama/llama-3.2-1b.json /tmp/l1b --dtype bf16
-step bench_1b 120 $C/scr_cuda_bench /tmp/l1b $B
-step bench_1b_cublas9 120 env SCR_CUDA_CUBLAS_MIN_ROWS=9 $C/scr_cuda_bench /tmp/l1b $B
-step bench_1b_cublas33 120 env SCR_CUDA_CUBLAS_MIN_ROWS=33 $C/scr_cuda_bench /tmp/l1b $B
+step bench_1b 120 $C/scr cuda-bench /tmp/l1b $B
+step bench_1b_cublas9 120 env SCR_CUDA_CUBLAS_MIN_ROWS=9 $C/scr cuda-bench /tmp/l1b $B
+step bench_1b_cublas33 120 env SCR_CUDA_CUBLAS_MIN_ROWS=33 $C/scr cuda-bench /tmp/l1b $B
 step fixtures_bf16 60 python3 tests/cuda/fixture_check.py $C/scr --quant bf16 --rtol 3e-2 tests/fixtures/LlamaForCausalLM tests/fixtures/Qwen3ForCausalLM tests/fixtures/long/LlamaForCausalLM
 [ -x $C/scr_cuda_tests ] && step gtest 120 $C/scr_cuda_tests
 # Per-kernel GPU time of decode steps (kernel replay, clocks as found): the 4th step's kernels.
@@ -45,8 +45,8 @@ step ncu_decode 150 ncu --clock-control none --metrics gpu__time_duration.sum,dr
 cp "$LOGS/ncu_decode.txt" "$OUT/ncu_decode.csv" 2>/dev/null
 if [ "${2:-}" = 8b ]; then
     step make_random_8b 200 $C/scr make-random models/configs/llama/llama-3.1-8b.json /dev/shm/l8b --dtype bf16
-    step bench_8b 180 $C/scr_cuda_bench /dev/shm/l8b --prompt 128 --decode 64 --prefill 2048 --batches 16,64
-    step bench_8b_cublas9 120 env SCR_CUDA_CUBLAS_MIN_ROWS=9 $C/scr_cuda_bench /dev/shm/l8b --prompt 128 --decode 16 --prefill 0 --batches 16,64
+    step bench_8b 180 $C/scr cuda-bench /dev/shm/l8b --prompt 128 --decode 64 --prefill 2048 --batches 16,64
+    step bench_8b_cublas9 120 env SCR_CUDA_CUBLAS_MIN_ROWS=9 $C/scr cuda-bench /dev/shm/l8b --prompt 128 --decode 16 --prefill 0 --batches 16,64
 fi
 echo; echo "==== summary"; printf '%s\n' "${summary[@]}"
 grep -h "batch-1\|of which\|^decode batch\|^prefill\|worst\|FAILED\|passed\|fixtures match\|rel_err" "$LOGS"/*.txt | head -80

@@ -3,8 +3,7 @@
 # llama.cpp), and a same-binary A/B of a switch, in one call of the run tool:
 #   OUT=$OUT [AB_ENV=SCR_CUDA_FUSED_SPLIT=0] [MODELS="8b 1b"] [NCU=1] bash tests/cuda/batched_profile.sh CARRY_DIR
 # CARRY_DIR/bin.tar.xz: scr of a CUDA build holding llama-3.1-8b and llama-3.2-1b (bf16), and
-# optionally scr_cuda_linear (run first when present). scr_cuda_bench did not fit beside them under
-# the run tool's 64 MiB.
+# optionally scr_cuda_linear (run first when present).
 #  * `scr bench --mode forward`: prefill of 2,048 tokens, then decode at B = 16/64/256, context 192
 #    (CUDA graphs; B x vocab logits copied to the host every step), with the defaults and with
 #    AB_ENV, alternating, per model;

@@ -3,7 +3,7 @@
 #   tests/cuda/decode_ab.sh CARRY_DIR [quick]
 # Correctness first (scr_cuda_linear: bf16 linears vs float64, batch invariance, the GEMV variants
 # bit-identical, then their batch-1 timings; scr_cuda_tests; the bf16 fixtures), then
-# scr_cuda_bench (or, without it, `scr bench --mode forward`) on a random Llama-3.2-1B with each switch flipped (SCR_CUDA_GEMV=row|rows, and
+# scr cuda-bench (or, without it, `scr bench --mode forward`) on a random Llama-3.2-1B with each switch flipped (SCR_CUDA_GEMV=row|rows, and
 # SCR_CUDA_ROPE_ATTN=0: RoPE+KV append and attention as two launches), greedy tokens of all
 # variants compared (the new paths keep the old arithmetic), then an Nsight Compute per-kernel CSV of decode
 # steps with the defaults (and with the earlier GEMV unless "quick"). Logs to $OUT.
@@ -32,13 +32,13 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 grep -E "GEMV|rw<=|FAILED|INVARIANT|passed" "$LOGS/linear.txt" | head -20
 step make_random_1b 60 $C/scr make-random models/configs/llama/llama-3.2-1b.json /tmp/l1b --dtype bf16
 B="--prompt 128 --decode 128 --prefill 0 --batches 16,64"
-if [ -x $C/scr_cuda_bench ]; then
-step bench_new 60 $C/scr_cuda_bench /tmp/l1b $B
-step bench_old 60 env SCR_CUDA_GEMV=row SCR_CUDA_ROPE_ATTN=0 $C/scr_cuda_bench /tmp/l1b $B
-step bench_gemv_rows 60 env SCR_CUDA_GEMV=rows $C/scr_cuda_bench /tmp/l1b $B
-step bench_rope_attn_2launch 60 env SCR_CUDA_ROPE_ATTN=0 $C/scr_cuda_bench /tmp/l1b $B
+if $C/scr cuda-bench --help > /dev/null 2>&1; then
+step bench_new 60 $C/scr cuda-bench /tmp/l1b $B
+step bench_old 60 env SCR_CUDA_GEMV=row SCR_CUDA_ROPE_ATTN=0 $C/scr cuda-bench /tmp/l1b $B
+step bench_gemv_rows 60 env SCR_CUDA_GEMV=rows $C/scr cuda-bench /tmp/l1b $B
+step bench_rope_attn_2launch 60 env SCR_CUDA_ROPE_ATTN=0 $C/scr cuda-bench /tmp/l1b $B
 for f in new old gemv_rows rope_attn_2launch; do echo "-- $f"; grep -E "batch-1|^decode batch" "$LOGS/bench_$f.txt"; done
-else  # no scr_cuda_bench in the carry (the run tool's size limit): scr's bare forward benchmark
+else  # a binary without `scr cuda-bench` (CPU-only command set): scr's bare forward benchmark
     F="bench /tmp/l1b --mode forward --input-len 16 --context 192 --iters 50"
     for b in 1 16; do
         step fwd${b}_new 60 $C/scr $F --batch $b

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Everything the CUDA target checks and measures on the GPU machine, in one call (docs/CUDA.md):
 #   tests/cuda/device_run.sh CARRY_DIR [quick]
-# CARRY_DIR/bin.tar.xz holds scr, scr_cuda_tests, scr_cuda_bench built here (-DSCR_TARGET=cuda)
+# CARRY_DIR/bin.tar.xz holds scr (with `scr cuda-bench`) and scr_cuda_tests built here (-DSCR_TARGET=cuda)
 # and lib/ with the shared libraries the GPU machine lacks (tests/cuda/pack_carry.sh makes it).
 # Logs go to $OUT; the summary is printed last.
 set -u
@@ -36,7 +36,7 @@ step fixtures_f32 100 python3 tests/cuda/fixture_check.py $SCR $FIX
 if [ "${2:-}" != quick ]; then
     step make_random_1b 60 $SCR make-random models/configs/llama/llama-3.2-1b.json /tmp/l1b --dtype bf16
     [ -f /tmp/l1b/model.safetensors ] || step make_random_1b_py 120 python3 tools/make_random_model.py models/configs/llama/llama-3.2-1b.json /tmp/l1b
-    step bench_1b 100 $C/scr_cuda_bench /tmp/l1b --prompt 128 --decode 128 --prefill 2048 --batches 16,64,256
+    step bench_1b 100 $C/scr cuda-bench /tmp/l1b --prompt 128 --decode 128 --prefill 2048 --batches 16,64,256
 fi
 step gtest 120 $C/scr_cuda_tests
 [ -x $C/scr_cuda_linear ] && step linear 120 $C/scr_cuda_linear

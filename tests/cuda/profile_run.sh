@@ -3,7 +3,7 @@
 # tool (docs/CUDA.md):
 #   tests/cuda/profile_run.sh CARRY_DIR [MODELS="1b 8b"] [AB_ENV="SCR_CUDA_CUBLAS_DECODE=single"]
 # First the checks the carry has binaries for (scr_cuda_linear: bf16 linears vs float64 and batch
-# invariance; the bf16 fixtures through scr). Then for each random-weight model: scr_cuda_bench
+# invariance; the bf16 fixtures through scr). Then for each random-weight model: scr cuda-bench
 # (start-up, batch 1, B = 16 / 64 / 256) with the defaults and again with AB_ENV set (the
 # previous behaviour of a change, so the two figures come from one run), and Nsight Systems traces
 # of batch-1, B = 64 and B = 256 decode (PHASES="bs1 b64 b256"; graph kernels traced as nodes), each reduced to a
@@ -39,7 +39,7 @@ for m in $MODELS; do
     for v in default ab; do
         E=""; [ $v = ab ] && E=$AB_ENV
         echo "== bench $m $v $E"
-        env $E timeout 150 $C/scr_cuda_bench $D --prompt 128 --decode 64 --prefill 0 --batches 16,64,256 --batch-steps 16 2>&1 |
+        env $E timeout 150 $C/scr cuda-bench $D --prompt 128 --decode 64 --prefill 0 --batches 16,64,256 --batch-steps 16 2>&1 |
             tee "$OUT/bench_${m}_$v.txt" | grep -E "start-up|batch-1 decode|^decode|B = |batch" | head -12
     done
     [ -n "$NSYS" ] || continue
@@ -48,7 +48,7 @@ for m in $MODELS; do
             bs1) args="--prompt 128 --decode 64 --prefill 0 --batches 16 --batch-steps 1" ;;
             *) args="--prompt 128 --decode 1 --prefill 0 --batches ${phase#b} --batch-steps 16" ;;
         esac
-        timeout 200 $NSYS profile -q --trace=cuda --cuda-graph-trace=node -o /tmp/p_${m}_$phase -f true $C/scr_cuda_bench $D $args > /dev/null 2>&1
+        timeout 200 $NSYS profile -q --trace=cuda --cuda-graph-trace=node -o /tmp/p_${m}_$phase -f true $C/scr cuda-bench $D $args > /dev/null 2>&1
         timeout 120 $NSYS stats -q --report cuda_gpu_kern_sum --format csv -o /tmp/k_${m}_$phase /tmp/p_${m}_$phase.nsys-rep > /dev/null 2>&1
         cp /tmp/k_${m}_${phase}_cuda_gpu_kern_sum.csv "$OUT/kern_${m}_$phase.csv" 2>/dev/null
         echo "== $m $phase: top kernels by total GPU time (Time %, total ns, instances, avg ns, ..., name)"

@@ -1,4 +1,4 @@
-// scr_cuda_bench: what the CUDA target does on this GPU, beside the ceilings measured in the same
+// `scr cuda-bench` (CUDA builds only): what the CUDA target does on this GPU, beside the ceilings measured in the same
 // run. Loads a model folder through the normal loader (so the specialization, the upload and the
 // graphs are the ones `scr` uses) and drives CompiledModel::forward directly:
 //   * ceilings: device-to-device copy bandwidth (read + write counted) and pinned host-to-device
@@ -18,6 +18,7 @@
 #include <random>
 #include <vector>
 
+#include "cli/command.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/cuda/cuda_model.hpp"
 #include "runtime/model/loader.hpp"
@@ -170,20 +171,16 @@ struct BatchRun {
     }
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
-    CLI::App app{"scr_cuda_bench: CUDA target benchmarks against the ceilings of this GPU"};
+struct CudaBenchArgs {
     std::string model_dir;
     int prompt = 128, decode_tokens = 128, prefill_len = 2048, batch_steps = 32;
     std::vector<int> batches{16, 64, 256};
-    app.add_option("model", model_dir, "model folder (config.json + safetensors)")->required();
-    app.add_option("--prompt", prompt, "prompt tokens before decoding");
-    app.add_option("--decode", decode_tokens, "tokens decoded at batch 1");
-    app.add_option("--prefill", prefill_len, "prompt length for the prefill measurement (0: skip)");
-    app.add_option("--batches", batches, "batch sizes for decode throughput")->delimiter(',');
-    app.add_option("--batch-steps", batch_steps, "decode steps per batch size");
-    CLI11_PARSE(app, argc, argv);
+};
+
+int run_cuda_bench(const CudaBenchArgs& a) {
+    const std::string& model_dir = a.model_dir;
+    const int prompt = a.prompt, decode_tokens = a.decode_tokens, prefill_len = a.prefill_len, batch_steps = a.batch_steps;
+    const std::vector<int>& batches = a.batches;
     try {
         // ---- Start-up: process start -> weights on the GPU -> first token.
         // As `scr` does it: load_model opens the device in the background while the host maps and
@@ -314,8 +311,25 @@ int main(int argc, char** argv) {
                    info.stem, copy_gbs, h2d_gbs, upload_s, upload_floor_s, first_token_ms, warm, device_ms, floor_ms, 1e3 / warm, bt, prefill_tps,
                    st.capture_seconds);
     } catch (const Error& e) {
-        fmt::print(stderr, "scr_cuda_bench: {}\n", e.what());
+        fmt::print(stderr, "scr cuda-bench: {}\n", e.what());
         return 1;
     }
     return 0;
 }
+
+void setup(CLI::App& root) {
+    auto* c = root.add_subcommand("cuda-bench", "CUDA target benchmarks against the ceilings of this GPU (start-up, batch-1 and "
+                                                "batched decode, prefill)");
+    auto a = std::make_shared<CudaBenchArgs>();
+    c->add_option("model", a->model_dir, "model folder (config.json + safetensors)")->required();
+    c->add_option("--prompt", a->prompt, "prompt tokens before decoding");
+    c->add_option("--decode", a->decode_tokens, "tokens decoded at batch 1");
+    c->add_option("--prefill", a->prefill_len, "prompt length for the prefill measurement (0: skip)");
+    c->add_option("--batches", a->batches, "batch sizes for decode throughput")->delimiter(',');
+    c->add_option("--batch-steps", a->batch_steps, "decode steps per batch size");
+    c->callback([a] { cli::exit_code() = run_cuda_bench(*a); });
+}
+
+const cli::CommandRegistrar kRegistrar(setup);
+
+}  // namespace
