@@ -1474,23 +1474,26 @@ bool quant_smem_fits(const QuantFusedArgs& a) {
 }  // namespace qdetail
 
 // Which kernel quant_linear runs (SCR_CUDA_QUANT_GEMV, read once):
-//   `mma` (default): the tensor-core kernel for every row count;
-//   `smem`: 1-8 token rows on the shared-memory SIMT kernel (quant_smem_kernel), more rows on the
-//           tensor-core one. Llama-3.2-1B end to end on the H200 (docs/CUDA.md): batch-1 decode
-//           +12 % (int4-g64 1,347-1,353 vs 1,201 tok/s; int8 +12 %), but batch 8 2.2x slower (2,917
-//           vs 6,298 tok/s): not the default until its 2-8-row tiles are fixed;
+//   `smem1` (default): one token row on the shared-memory SIMT kernel (quant_smem_kernel), 2+ rows
+//           on the tensor-core kernel: each regime on the kernel that measured fastest for it
+//           (Llama-3.2-1B on the H200, docs/CUDA.md: batch 1 int4-g64 1,347-1,353 tok/s on the
+//           shared-memory kernel vs 1,201 on the tensor-core one; batch 8 6,298 vs 2,917 the other
+//           way round);
+//   `mma`: the tensor-core kernel for every row count;
+//   `smem`: 1-8 token rows on the shared-memory kernel, more rows on the tensor-core one;
 //   `simt`: the first SIMT kernel (quant_gemv_kernel; unfused launches only).
-// A shape or layout a kernel does not take falls back (smem -> mma -> simt). Within 1-8 rows and
-// within 9+ rows the choice depends on the shape only, so a decode row's bits never depend on the
-// other rows of its batch.
-enum class QuantGemvPath { automatic, simt, mma, smem };
+// A shape or layout a kernel does not take falls back (smem -> mma -> simt). Within each regime
+// (1 row and 2+ rows for `smem1`; 1-8 and 9+ for `smem`; all rows for `mma`) the choice depends on
+// the shape only, so a decode row's bits never depend on the other rows of its regime.
+enum class QuantGemvPath { automatic, simt, mma, smem, smem1 };
 
 inline QuantGemvPath quant_gemv_mode() {
     static const QuantGemvPath mode = [] {
         const char* e = std::getenv("SCR_CUDA_QUANT_GEMV");
         if (e && std::strcmp(e, "simt") == 0) return QuantGemvPath::simt;
         if (e && std::strcmp(e, "smem") == 0) return QuantGemvPath::smem;
-        return QuantGemvPath::mma;
+        if (e && std::strcmp(e, "mma") == 0) return QuantGemvPath::mma;
+        return QuantGemvPath::smem1;
     }();
     return mode;
 }
@@ -1508,7 +1511,7 @@ void quant_linear(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path = Q
     if (!a.q || !a.scales || (F::kAffine && !a.biases) || !a.x || !a.y)
         throw std::invalid_argument("quant_linear: missing weight, scale, bias, input or output pointer");
     if (path == QuantGemvPath::automatic) path = quant_gemv_mode();
-    if (path == QuantGemvPath::smem && a.rows <= 8 && a.n > 0) {
+    if (((path == QuantGemvPath::smem && a.rows <= 8) || (path == QuantGemvPath::smem1 && a.rows == 1)) && a.n > 0) {
         const QuantFusedArgs fa = qdetail::fused_of(a);
         if (qdetail::quant_smem_fits<F>(fa)) {
             qdetail::launch_quant_smem<F, false, false>(c, fa);
@@ -1539,7 +1542,8 @@ bool quant_linear_fused(const Ctx& c, const QuantFusedArgs& a, QuantGemvPath pat
             throw std::invalid_argument("quant_linear_fused: matrix " + std::to_string(m) + " lacks a tensor, an output or rows");
     if (!a.x) throw std::invalid_argument("quant_linear_fused: no input");
     if (path == QuantGemvPath::automatic) path = quant_gemv_mode();
-    if (path == QuantGemvPath::smem && a.rows <= 8 && qdetail::quant_smem_fits<F>(a)) {
+    if (((path == QuantGemvPath::smem && a.rows <= 8) || (path == QuantGemvPath::smem1 && a.rows == 1)) &&
+        qdetail::quant_smem_fits<F>(a)) {
         qdetail::launch_quant_smem<F, SWIGLU, NORM>(c, a);
         return true;
     }
