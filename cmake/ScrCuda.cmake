@@ -16,6 +16,12 @@ set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 set(CMAKE_CUDA_RUNTIME_LIBRARY Static)
 set(SCR_CUDA_GENCODE "-gencode=arch=compute_90a,code=sm_90a" CACHE STRING "nvcc code generation for the CUDA target")
 string(APPEND CMAKE_CUDA_FLAGS " ${SCR_CUDA_GENCODE} -Xcompiler=-Wall -Xcompiler=-Wno-unused-parameter")
+# kernels/cuda/quant_linear.cuh's shared-memory GEMV reads int4 weights as float32 denormals:
+# flushing denormals to zero would silently zero them.
+if(CMAKE_CUDA_FLAGS MATCHES "use_fast_math|ftz=true")
+  message(FATAL_ERROR "Scratchy's CUDA target needs float32 denormals (int4 weights are read as denormals, "
+                      "kernels/cuda/quant_linear.cuh): drop --use_fast_math / -ftz=true from CMAKE_CUDA_FLAGS")
+endif()
 find_package(CUDAToolkit REQUIRED)
 add_link_options(-static-libstdc++ -static-libgcc)
 add_subdirectory(${PROJECT_SOURCE_DIR}/runtime/cuda ${PROJECT_BINARY_DIR}/runtime/cuda)
