@@ -18,6 +18,7 @@ for f in "$B/scr" "$B/tests/cuda/scr_cuda_tests" "$B/tests/cuda/scr_cuda_quant_g
     ldd "$f" | awk '/=> \//{print $3}' | grep -v -E '/(libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s|libpcre2-8|libssl|libcrypto|libz|libcublas|libcublasLt|ld-linux[^/]*)\.so' |
         while read -r lib; do cp -Ln "$lib" "$stage/lib/" 2>/dev/null || true; done
 done
-tar -C "$stage" -cf - . | xz -9e -T2 > "$O/bin.tar.xz"
+# --x86: the branch-call filter for x86 code, ~6 % smaller than plain -9e on these binaries (tar -xJf reads it).
+tar -C "$stage" -cf - . | xz --x86 --lzma2=preset=9e -T1 > "$O/bin.tar.xz"
 rm -rf "$stage"
 ls -la "$O"
