@@ -54,6 +54,14 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::run(const Job& job) {
     std::lock_guard lock(submit_mu_);
     const int64_t chunks = (job.n + job.chunk - 1) / job.chunk;
+    // Close the cursor before rewriting the job's fields: a worker that read the previous job's
+    // cursor and then some of the fields below could otherwise still win its claim (the cursor
+    // unchanged) and run a chunk of this job with a mix of both jobs' fields, counted twice in done_
+    // (seen as a hang of ThreadPool.ManyBackToBackJobs under ASan). Closed = the next generation with
+    // an index no job reaches; the fence pairs with the one in work_on_current_job.
+    const uint64_t generation = (cursor_.load(std::memory_order_relaxed) >> 32) + 1;
+    cursor_.store((generation << 32) | kIndexMask, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
     failed_.store(false, std::memory_order_relaxed);
     error_ = nullptr;
     done_.store(0, std::memory_order_relaxed);
@@ -62,8 +70,7 @@ void ThreadPool::run(const Job& job) {
     job_n_.store(job.n, std::memory_order_relaxed);
     job_chunk_.store(job.chunk, std::memory_order_relaxed);
     job_chunks_.store(chunks, std::memory_order_relaxed);
-    const uint64_t generation = (cursor_.load(std::memory_order_relaxed) >> 32) + 1;
-    cursor_.store(generation << 32, std::memory_order_release);  // publishes the fields above
+    cursor_.store(generation << 32, std::memory_order_release);  // opens it: publishes the fields above
     epoch_.fetch_add(1);
     if (sleepers_.load() > 0) futex_wake_all(epoch_);
 
@@ -94,12 +101,16 @@ void ThreadPool::work_on_current_job(int index) {
     const int64_t n = job_n_.load(std::memory_order_relaxed);
     const int64_t chunk = job_chunk_.load(std::memory_order_relaxed);
     const int64_t chunks = job_chunks_.load(std::memory_order_relaxed);
+    // If any field above was already rewritten for a newer job, the cursor was closed before that
+    // write (run's release fence), so the claim below sees the newer generation and fails.
+    std::atomic_thread_fence(std::memory_order_acquire);
     const uint64_t generation = c >> 32;
     for (;;) {
         const auto i = int64_t(c & kIndexMask);
         if ((c >> 32) != generation || i >= chunks) return;  // replaced, or no work left
         // The CAS keeps the generation: if it succeeds, the fields read above belong to this job
-        // (a newer job is only published after every chunk of this one was claimed and finished).
+        // (a newer job closes the cursor before touching them, and is only submitted after every
+        // chunk of this one was claimed and finished).
         if (!cursor_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
         if (!failed_.load(std::memory_order_relaxed)) {
             try {
