@@ -88,8 +88,9 @@ private:
     std::atomic<void (*)(void*, int64_t, int64_t, int)> job_call_{nullptr};
     std::atomic<void*> job_ctx_{nullptr};
     std::atomic<int64_t> job_n_{0}, job_chunk_{0}, job_chunks_{0};
-    // (generation << 32) | next unclaimed chunk. A claim is a CAS that keeps the generation, so a
-    // worker holding a stale view can never take a chunk of a newer job.
+    // (generation << 32) | next unclaimed chunk. A claim is a CAS that keeps the generation, and the
+    // caller closes the cursor (next generation, index all ones) before it rewrites the fields above
+    // and opens it after, so a worker holding a stale or half-rewritten view never wins a claim.
     std::atomic<uint64_t> cursor_{0};
     std::atomic<uint32_t> epoch_{0};       // bumped per job (and at stop): what sleeping workers wait on
     std::atomic<uint32_t> done_{0};        // chunks of the current job finished
