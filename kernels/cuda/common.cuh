@@ -211,14 +211,30 @@ inline int l2_prefetch_blocks(const L2Plan& p, int threads_per_block) {
     return int(std::min<int64_t>(128, (p.total + per_block - 1) / per_block));
 }
 
-// Launches `kernel` on the step's stream, as a programmatic dependent of the previous kernel when
-// the context asks for it (Ctx::pdl). Every kernel launched through here calls pdl_wait().
+// Asynchronous 16-byte copies global -> shared (LDGSTS, no L1 allocation). They complete in the
+// order of their commit groups; cp_async_wait(n) returns once at most n of this thread's groups are
+// still in flight, and only this thread's copies are then visible to it (others: a barrier).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait(int n) {  // n = 0..3 (wait_group takes an immediate)
+    if (n <= 0) asm volatile("cp.async.wait_group 0;" ::: "memory");
+    else if (n == 1) asm volatile("cp.async.wait_group 1;" ::: "memory");
+    else if (n == 2) asm volatile("cp.async.wait_group 2;" ::: "memory");
+    else asm volatile("cp.async.wait_group 3;" ::: "memory");
+}
+
+// Launches `kernel` on the step's stream with `smem` bytes of dynamic shared memory, as a
+// programmatic dependent of the previous kernel when the context asks for it (Ctx::pdl). Every
+// kernel launched through here calls pdl_wait().
 template <typename... Params, typename... Args>
-void launch(const Ctx& c, void (*kernel)(Params...), dim3 grid, dim3 block, Args&&... args) {
+void launch_smem(const Ctx& c, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
-    cfg.dynamicSmemBytes = 0;
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = c.stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -226,6 +242,10 @@ void launch(const Ctx& c, void (*kernel)(Params...), dim3 grid, dim3 block, Args
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+template <typename... Params, typename... Args>
+void launch(const Ctx& c, void (*kernel)(Params...), dim3 grid, dim3 block, Args&&... args) {
+    launch_smem(c, kernel, grid, block, 0, std::forward<Args>(args)...);
 }
 
 }  // namespace scr::kernels::cuda

@@ -10,12 +10,13 @@
 //                      when T (per tensor); w = scale * q (compressed-tensors float-quantized). Weight-only:
 //                      x stays float32, as on the CPU target (no fp8 activations here).
 //
-// Three kernels (quant_linear below picks one per shape; SCR_CUDA_QUANT_GEMV=smem adds the 1-8-row
-// split described there):
-//  * quant_mma_kernel (default): tensor cores, weights as the MMA's A operand, x as bf16 hi + lo;
-//    described at its definition and in docs/CUDA.md, "Quantized GEMV";
-//  * quant_smem_kernel (SCR_CUDA_QUANT_GEMV=smem, 1-8 token rows): SIMT, x staged in shared memory,
-//    int4 nibbles as exact float32 denormals; described at its definition;
+// Three kernels (quant_linear below picks one per shape and row count, see quant_gemv_mode()):
+//  * quant_mma_kernel (the default from 2 token rows): tensor cores, weights as the MMA's A operand,
+//    x as bf16 hi + lo; described at its definition and in docs/CUDA.md, "Quantized GEMV";
+//  * quant_smem_kernel (the default for 1 token row; 1-8 rows with SCR_CUDA_QUANT_GEMV=smem): SIMT,
+//    x staged in shared memory, int4 nibbles as exact float32 denormals; its one-row launches that
+//    stream many rounds per block fill a per-warp cp.async ring instead of registers (QPipe, same
+//    bits); described at its definition;
 //  * quant_gemv_kernel (SIMT; SCR_CUDA_QUANT_GEMV=simt, kept for A/B runs):
 //    - packed weights: 16-byte `ld.global.nc.L1::no_allocate` loads, consecutive lanes on
 //      consecutive 16-byte chunks of a row, 8 loads per lane in flight (4 from 2 token rows up);
@@ -1103,7 +1104,7 @@ struct QSmemFmt {
 };
 // Shared memory of one block: x rows (floats) + per-32-k chunk sums (int4) + the norm's sums.
 template <class F>
-constexpr size_t qsmem_bytes(int k, int tile) {
+__host__ __device__ constexpr size_t qsmem_bytes(int k, int tile) {
     return size_t(tile) * k * 4 + (F::kAffine ? size_t(tile) * (k / 32) * 4 : 0);
 }
 template <class F>
@@ -1125,8 +1126,25 @@ __host__ __device__ __forceinline__ void qs_u4_half(uint32_t h, float (&q)[4]) {
 }
 __host__ __device__ constexpr float qs_x_scale(int e) { return e == 0 ? 0x1p89f : e == 1 ? 0x1p85f : e == 2 ? 0x1p81f : 0x1p77f; }
 
-template <class F, int TR, bool SWIGLU, bool NORM>
-__global__ void __launch_bounds__(kSWarps * kWarp, 2) quant_smem_kernel(const __grid_constant__ QuantFusedArgs p, int ks) {
+// The weight ring of the pipelined one-token-row launch (PIPE; SCR_CUDA_QSTREAM): per warp, `depth`
+// stages of one load round each, filled by cp.async `depth - 1` rounds ahead of the round being
+// computed (the register path has no load in flight while it computes), across tile boundaries.
+// A stage holds the round's weight chunks [kSBatch][kSRows][lane] (16 bytes each: a lane reads back
+// only what it copied) and, for the affine formats, the round's scales and biases of each row
+// [kSRows][2][groups] (copied in 16-byte pieces by any lane, read by all: __syncwarp orders them).
+template <class F>
+struct QPipe {
+    static constexpr int kGroups = F::kAffine ? kSBatch * kWarp * F::kElems / (F::kAffine ? F::kGroup : 1) : 0;  // per row and round
+    static constexpr int kPieces = kGroups * int(sizeof(typename F::Scale)) / 16;  // 16-byte pieces of one row's scales
+    static constexpr int kWeightBytes = kSBatch * kSRows * kWarp * 16;
+    static constexpr int kStageBytes = kWeightBytes + kSRows * 2 * kPieces * 16;  // per warp
+    static_assert(!F::kAffine || kGroups * sizeof(typename F::Scale) % 16 == 0, "a round's scales are whole 16-byte pieces");
+};
+template <class F>
+__host__ __device__ constexpr size_t qpipe_ring_offset(int k, int tile) { return (qsmem_bytes<F>(k, tile) + 15) & ~size_t(15); }
+
+template <class F, int TR, bool SWIGLU, bool NORM, bool PIPE = false>
+__global__ void __launch_bounds__(kSWarps * kWarp, 2) quant_smem_kernel(const __grid_constant__ QuantFusedArgs p, int ks, int depth) {
     using ST = typename F::Scale;
     constexpr int R = kSRows, KB = kSBatch;
     constexpr int KPC = F::kElems;                  // k per weight chunk
@@ -1200,7 +1218,54 @@ __global__ void __launch_bounds__(kSWarps * kWarp, 2) quant_smem_kernel(const __
     Rows rw;
     Round rd;
     int tile = blockIdx.x;
-    if (tile < tiles) {
+
+    // PIPE: the issue cursor walks this warp's rounds (tile by tile, c0 by c0) `depth` rounds ahead
+    // of the compute; every call commits one group (empty past the end) so the count stays uniform.
+    using Pipe = QPipe<F>;
+    const char* ring = reinterpret_cast<const char*>(smem4) + qpipe_ring_offset<F>(k, TR) + size_t(warp) * depth * Pipe::kStageBytes;
+    const int rounds_per_tile = ceil_div(c_end - c_begin, kWarp * KB);
+    int it_left = PIPE && tile < tiles ? ceil_div(tiles - tile, gridDim.x) * rounds_per_tile : 0;
+    int it_tile = tile, it_c0 = c_begin, it_stage = 0;
+    Rows it_rw;
+    auto issue = [&]() {
+        if (it_left > 0) {
+            if (it_c0 == c_begin) rows_of(it_tile, it_rw);
+            const uint32_t st = smem_addr(ring + it_stage * Pipe::kStageBytes);
+#pragma unroll
+            for (int u = 0; u < KB; ++u) {
+                const int c = it_c0 + u * kWarp + lane;
+                if (c >= c_end) continue;
+#pragma unroll
+                for (int r = 0; r < R; ++r) cp_async16(st + ((u * R + r) * kWarp + lane) * 16, it_rw.w[r] + size_t(c) * 16);
+            }
+            if constexpr (F::kAffine) {
+                constexpr int P = Pipe::kPieces;
+                const int g0 = it_c0 * KPC / F::kGroup;
+                const int valid = min(c_end - it_c0, kWarp * KB) * KPC / F::kGroup * int(sizeof(ST));  // whole pieces (host check)
+                for (int idx = lane; idx < R * 2 * P; idx += kWarp) {
+                    const int slot = idx / P, piece = idx % P;  // slot = row * 2 + (0 scales, 1 biases)
+                    if (piece * 16 >= valid) continue;
+                    const ST* src = it_rw.s[0];
+#pragma unroll
+                    for (int q = 0; q < R * 2; ++q)
+                        if (slot == q) src = q & 1 ? it_rw.b[q / 2] : it_rw.s[q / 2];
+                    cp_async16(st + Pipe::kWeightBytes + idx * 16, reinterpret_cast<const char*>(src + g0) + piece * 16);
+                }
+            }
+            --it_left;
+            it_c0 += kWarp * KB;
+            if (it_c0 >= c_end) {
+                it_c0 = c_begin;
+                it_tile += gridDim.x;
+            }
+        }
+        cp_async_commit();
+        it_stage = it_stage + 1 == depth ? 0 : it_stage + 1;
+    };
+
+    if constexpr (PIPE) {
+        for (int d = 0; d < depth; ++d) issue();  // weights never depend on an earlier kernel
+    } else if (tile < tiles) {
         rows_of(tile, rw);
         load_round(rw, rd, c_begin);
     }
@@ -1259,12 +1324,15 @@ __global__ void __launch_bounds__(kSWarps * kWarp, 2) quant_smem_kernel(const __
         }
     }
     const float4* xs4 = smem4;
+    int cs = 0;  // PIPE: the stage of the round being computed
 
     for (; tile < tiles; tile += gridDim.x) {
         if (tile != int(blockIdx.x)) {
-            __syncthreads();  // the last tile's partials are read
-            rows_of(tile, rw);
-            load_round(rw, rd, c_begin);
+            if (!PIPE || ks > 1) __syncthreads();  // the last tile's partials are read
+            if constexpr (!PIPE) {
+                rows_of(tile, rw);
+                load_round(rw, rd, c_begin);
+            }
         }
         float acc[R][TR];
 #pragma unroll
@@ -1272,11 +1340,37 @@ __global__ void __launch_bounds__(kSWarps * kWarp, 2) quant_smem_kernel(const __
 #pragma unroll
             for (int t = 0; t < TR; ++t) acc[r][t] = 0.0f;
         for (int c0 = c_begin; c0 < c_end; c0 += kWarp * KB) {
-            if (c0 != c_begin) load_round(rw, rd, c0);
+            const char* stage = ring + cs * Pipe::kStageBytes;
+            if constexpr (PIPE) {
+                cp_async_wait(depth - 1);  // this round's group (committed depth groups ago) has landed
+                __syncwarp();              // and the other lanes' scale pieces are visible
+            } else if (c0 != c_begin) {
+                load_round(rw, rd, c0);
+            }
 #pragma unroll
             for (int u = 0; u < KB; ++u) {
                 const int c = c0 + u * kWarp + lane;
                 if (c >= c_end) continue;
+                uint4 wv[R];
+                ST sv[F::kAffine ? R : 1], bv[F::kAffine ? R : 1];
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    if constexpr (PIPE) {
+                        wv[r] = *reinterpret_cast<const uint4*>(stage + ((u * R + r) * kWarp + lane) * 16);
+                        if constexpr (F::kAffine) {
+                            const ST* sc = reinterpret_cast<const ST*>(stage + Pipe::kWeightBytes);
+                            const int gl = (u * kWarp + lane) * KPC / F::kGroup;
+                            sv[r] = sc[(r * 2) * Pipe::kGroups + gl];
+                            bv[r] = sc[(r * 2 + 1) * Pipe::kGroups + gl];
+                        }
+                    } else {
+                        wv[r] = rd.w[u][r];
+                        if constexpr (F::kAffine) {
+                            sv[r] = rd.s[u][r];
+                            bv[r] = rd.b[u][r];
+                        }
+                    }
+                }
                 float aq[R][TR];
 #pragma unroll
                 for (int r = 0; r < R; ++r)
@@ -1288,10 +1382,10 @@ __global__ void __launch_bounds__(kSWarps * kWarp, 2) quant_smem_kernel(const __
 #pragma unroll
                     for (int r = 0; r < R; ++r) {
                         if constexpr (F::kAffine) {
-                            const uint32_t w = word_of(rd.w[u][r], j / 2);
+                            const uint32_t w = word_of(wv[r], j / 2);
                             qs_u4_half(j & 1 ? w >> 16 : w, q[r]);
                         } else {
-                            F::unpack(word_of(rd.w[u][r], j), q[r]);
+                            F::unpack(word_of(wv[r], j), q[r]);
                         }
                     }
 #pragma unroll
@@ -1314,14 +1408,19 @@ __global__ void __launch_bounds__(kSWarps * kWarp, 2) quant_smem_kernel(const __
                         const float xsum = csum[size_t(t) * (k / 32) + c];
 #pragma unroll
                         for (int r = 0; r < R; ++r) {
-                            const float s = to_f32(rd.s[u][r]) * 0x1p60f;  // the int4 products carry 2^-60
-                            acc[r][t] = fmaf(to_f32(rd.b[u][r]), xsum, fmaf(s, aq[r][t], acc[r][t]));
+                            const float s = to_f32(sv[r]) * 0x1p60f;  // the int4 products carry 2^-60
+                            acc[r][t] = fmaf(to_f32(bv[r]), xsum, fmaf(s, aq[r][t], acc[r][t]));
                         }
                     } else {
 #pragma unroll
                         for (int r = 0; r < R; ++r) acc[r][t] += aq[r][t];
                     }
                 }
+            }
+            if constexpr (PIPE) {
+                __syncwarp();  // every lane is done with this stage before it is refilled
+                issue();
+                cs = cs + 1 == depth ? 0 : cs + 1;
             }
         }
         // Every lane ends with every sum (xor butterfly: the same bits in every lane).
@@ -1399,16 +1498,36 @@ inline int& qsmem_last_split() {
     return s;
 }
 
-template <class F, int TR, bool SWIGLU, bool NORM>
-int qsmem_blocks_per_sm(size_t smem) {
-    static const bool attr = [] {
-        cudaFuncSetAttribute(quant_smem_kernel<F, TR, SWIGLU, NORM>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSSmemMax);
-        return true;
+inline int qsmem_smem_optin() {  // the most dynamic shared memory one block may ask for
+    static const int bytes = [] {
+        int dev = 0, n = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+        return n;
     }();
-    (void)attr;
+    return bytes;
+}
+
+// The dynamic shared memory a launch of this variant may use (set as its attribute once): the
+// register variant kSSmemMax, the ring variant what the device grants beyond its static arrays.
+template <class F, int TR, bool SWIGLU, bool NORM, bool PIPE = false>
+size_t qsmem_max_dynamic() {
+    static const size_t bytes = [] {
+        cudaFuncAttributes fa = {};
+        cudaFuncGetAttributes(&fa, quant_smem_kernel<F, TR, SWIGLU, NORM, PIPE>);
+        const size_t b = PIPE ? size_t(qsmem_smem_optin()) - fa.sharedSizeBytes : size_t(kSSmemMax);
+        cudaFuncSetAttribute(quant_smem_kernel<F, TR, SWIGLU, NORM, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(b));
+        return b;
+    }();
+    return bytes;
+}
+
+template <class F, int TR, bool SWIGLU, bool NORM, bool PIPE = false>
+int qsmem_blocks_per_sm(size_t smem) {
+    if (smem > qsmem_max_dynamic<F, TR, SWIGLU, NORM, PIPE>()) return 0;
     int blocks = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_smem_kernel<F, TR, SWIGLU, NORM>, kSWarps * kWarp, smem);
-    return std::max(1, blocks);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_smem_kernel<F, TR, SWIGLU, NORM, PIPE>, kSWarps * kWarp, smem);
+    return blocks;
 }
 inline int qsmem_sms() {
     static const int sms = [] {
@@ -1420,30 +1539,92 @@ inline int qsmem_sms() {
     return sms;
 }
 
+// The ring depth of the pipelined one-token-row launch (SCR_CUDA_QSTREAM, read once; tests set
+// qsmem_pipe_override()): unset or `auto` picks below, `0` runs the register path (no ring),
+// `2`-`4` forces that depth. Either way a row's bits are the same: only where the weights wait differs.
+inline int& qsmem_pipe_override() {
+    static int v = -2;  // -2: none (the environment decides)
+    return v;
+}
+inline int qsmem_pipe_mode() {
+    static const int mode = [] {
+        const char* e = std::getenv("SCR_CUDA_QSTREAM");
+        if (!e || !*e || std::strcmp(e, "auto") == 0) return -1;
+        const int d = std::atoi(e);
+        return d <= 0 ? 0 : std::clamp(d, 2, 4);
+    }();
+    return qsmem_pipe_override() != -2 ? qsmem_pipe_override() : mode;
+}
+inline int& qsmem_last_depth() {
+    static thread_local int d = 0;
+    return d;
+}
+
+// Whether the ring takes this launch: every round's scales and biases must be whole 16-byte pieces
+// at 16-byte aligned addresses (row strides, split starts and tensors), as cp.async copies them.
+template <class F>
+bool qpipe_layout_ok(const QuantFusedArgs& a, int ks) {
+    if constexpr (F::kAffine) {
+        using ST = typename F::Scale;
+        const int chunks = a.k / F::kElems, per_split = chunks / ks;
+        const int gpr = a.k / F::kGroup;
+        if (size_t(gpr) * sizeof(ST) % 16 != 0 || per_split * F::kElems % F::kGroup != 0 ||
+            size_t(per_split * F::kElems / F::kGroup) * sizeof(ST) % 16 != 0)
+            return false;
+        for (int m = 0; m < a.nmat; ++m)
+            if (reinterpret_cast<uintptr_t>(a.mat[m].scales) % 16 || reinterpret_cast<uintptr_t>(a.mat[m].biases) % 16) return false;
+    }
+    return true;
+}
+
+// Ring depth for a one-token-row launch of `tiles` row tiles, 0 for the register path. `auto`: depth 2
+// (two blocks per SM still fit) for the affine formats when each block streams at least 8 rounds;
+// elsewhere the register path. Measured on the H200 (docs/CUDA.md, "The cp.async ring"): int4-g64
+// lm_head 1.20x at both 1B and 8B shapes (15 and 30 rounds per block, where the register path
+// waits out its scale loads and a tile boundary every round or two), 14336x4096 level (7 rounds),
+// the launches of 1-4 rounds per block 6-14 % slower, int8 no faster; depths 3-4 (one block per SM)
+// slower everywhere.
+template <class F, bool SWIGLU, bool NORM>
+int qpipe_depth(const QuantFusedArgs& a, int ks, int tiles) {
+    const int mode = qsmem_pipe_mode();
+    if (mode == 0 || !qpipe_layout_ok<F>(a, ks)) return 0;
+    const auto smem = [&](int d) { return qpipe_ring_offset<F>(a.k, 1) + size_t(kSWarps) * d * QPipe<F>::kStageBytes; };
+    const auto blocks = [&](int d) { return qsmem_blocks_per_sm<F, 1, SWIGLU, NORM, true>(smem(d)); };
+    if (mode > 0) return blocks(mode) >= 1 ? mode : 0;
+    if (!F::kAffine || blocks(2) < 2) return 0;
+    const int grid = std::min(tiles, 2 * qsmem_sms());
+    const int rounds_per_tile = ceil_div(a.k / F::kElems / ks, kWarp * kSBatch);
+    return int64_t(ceil_div(tiles, grid)) * rounds_per_tile >= 8 ? 2 : 0;
+}
+
 template <class F, int TR, bool SWIGLU, bool NORM>
 void launch_quant_smem_tile(const Ctx& c, const QuantFusedArgs& a, int n_total) {
     const int wrows = SWIGLU ? kSRows / 2 : kSRows;
     const int row_groups = ceil_div(n_total, wrows);
     const int chunks = a.k / F::kElems;
-    const int resident1 = qsmem_sms() * qsmem_blocks_per_sm<F, 1, SWIGLU, NORM>(qsmem_bytes<F>(a.k, 1)) * kSWarps;
+    // The K split (so every row's summation order) comes from the register variant's occupancy,
+    // whichever variant runs.
+    const int resident1 = qsmem_sms() * std::max(1, qsmem_blocks_per_sm<F, 1, SWIGLU, NORM>(qsmem_bytes<F>(a.k, 1))) * kSWarps;
     const int ks = quant_smem_split(row_groups, chunks, resident1);
     qsmem_last_split() = ks;
-    const size_t smem = qsmem_bytes<F>(a.k, TR);
     const int tiles = ceil_div(n_total, (kSWarps / ks) * wrows);
     const int groups = ceil_div(a.rows, TR);
-    const int resident = qsmem_sms() * qsmem_blocks_per_sm<F, TR, SWIGLU, NORM>(smem);
-    const int gx = std::max(1, std::min(tiles, resident / groups));
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(gx, groups, 1);
-    cfg.blockDim = dim3(kSWarps * kWarp);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = c.stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = c.pdl ? 1 : 0;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, quant_smem_kernel<F, TR, SWIGLU, NORM>, a, ks);
+    const dim3 block(kSWarps * kWarp);
+    if constexpr (TR == 1) {
+        if (const int depth = qpipe_depth<F, SWIGLU, NORM>(a, ks, tiles); depth > 0) {
+            qsmem_last_depth() = depth;
+            const size_t smem = qpipe_ring_offset<F>(a.k, 1) + size_t(kSWarps) * depth * QPipe<F>::kStageBytes;
+            const int resident = qsmem_sms() * qsmem_blocks_per_sm<F, 1, SWIGLU, NORM, true>(smem);
+            launch_smem(c, quant_smem_kernel<F, 1, SWIGLU, NORM, true>, dim3(std::max(1, std::min(tiles, resident / groups)), groups),
+                        block, smem, a, ks, depth);
+            return;
+        }
+    }
+    qsmem_last_depth() = 0;
+    const size_t smem = qsmem_bytes<F>(a.k, TR);
+    const int resident = qsmem_sms() * std::max(1, qsmem_blocks_per_sm<F, TR, SWIGLU, NORM>(smem));
+    launch_smem(c, quant_smem_kernel<F, TR, SWIGLU, NORM>, dim3(std::max(1, std::min(tiles, resident / groups)), groups), block, smem,
+                a, ks, 0);
 }
 
 // 1-8 token rows: as many per block as shared memory allows (up to 4), the rest in more blocks.

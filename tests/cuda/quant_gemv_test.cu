@@ -194,7 +194,9 @@ void launch_as(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path) {
 // The tensor-core kernel's K split in the last launch (SCR_CUDA_QUANT_SPLITK, qmma_split): "warps x
 // blocks per cluster", for the check lines and the timing table.
 std::string split_of(QuantGemvPath path, int rows = 1) {
-    if (path == QuantGemvPath::smem && rows <= 8) return text(" ks%d", qdetail::qsmem_last_split());
+    if (path == QuantGemvPath::smem && rows <= 8)
+        return qdetail::qsmem_last_depth() ? text(" ks%d d%d", qdetail::qsmem_last_split(), qdetail::qsmem_last_depth())
+                                           : text(" ks%d", qdetail::qsmem_last_split());
     if (path == QuantGemvPath::simt) return "";
     const qdetail::QMmaSplit s = qdetail::qmma_last_split();
     return text(" %dx%d", s.warps, s.blocks);
@@ -904,6 +906,31 @@ int fused_checks(cudaStream_t st) {
             failures += differ ? 1 : 0;
             std::printf("check fused %-34s k %4d %-13s %-4s batch invariance (%d rows vs each alone): %zu of %zu outputs differ -> %s\n",
                         fc.what, k, name_of(f), name_of(path), inv_rows, differ, total, differ ? "FAILED" : "ok");
+            if (path == QuantGemvPath::smem) {
+                // One token row through the cp.async ring at every depth: the register path's bits.
+                for (int depth : {0, 2, 3, 4}) {
+                    qdetail::qsmem_pipe_override() = depth;
+                    for (int m = 0; m < nout; ++m) CK(cudaMemset(depth == 0 ? y_alone[m] : y[m], 0xff, sizeof(float) * fc.n[m]));
+                    launch_fused(f, st, depth == 0 ? args(1, 0, y_alone) : args(1, 0, y), fc.swiglu, path);
+                    CK(cudaGetLastError());
+                    CK(cudaStreamSynchronize(st));
+                    if (depth == 0) continue;
+                    const int ran = qdetail::qsmem_last_depth();
+                    size_t diff = 0, cnt = 0;
+                    for (int m = 0; m < nout; ++m) {
+                        std::vector<float> a(fc.n[m]), b(fc.n[m]);
+                        CK(cudaMemcpy(a.data(), y[m], sizeof(float) * a.size(), cudaMemcpyDeviceToHost));
+                        CK(cudaMemcpy(b.data(), y_alone[m], sizeof(float) * b.size(), cudaMemcpyDeviceToHost));
+                        for (size_t i = 0; i < a.size(); ++i) diff += std::memcmp(&a[i], &b[i], 4) != 0 ? 1 : 0;
+                        cnt += a.size();
+                    }
+                    failures += diff ? 1 : 0;
+                    std::printf("check fused %-34s k %4d %-13s smem ring depth %d (ran %d) vs register path, 1 row: %zu of %zu "
+                                "outputs differ -> %s\n",
+                                fc.what, k, name_of(f), depth, ran, diff, cnt, diff ? "FAILED" : "ok");
+                }
+                qdetail::qsmem_pipe_override() = -2;
+            }
             }
             for (int m = 0; m < nmat; ++m) {
                 free_weights(w[m]);
@@ -1103,6 +1130,30 @@ int main(int argc, char** argv) try {
                 std::printf("check %6dx%-5d %-13s %-4s batch invariance (%d rows vs each alone, +bias+residual): %zu of %zu "
                             "outputs differ -> %s\n",
                             n, k, name_of(f), name_of(path), inv_rows, differ, size_t(inv_rows) * n, differ ? "FAILED" : "ok");
+                if (path == QuantGemvPath::smem) {
+                    // One token row through the cp.async ring at every depth: the register path's bits.
+                    qdetail::qsmem_pipe_override() = 0;
+                    CK(cudaMemset(y_alone, 0xff, sizeof(float) * n));
+                    launch(f, path, st, args(1, x, y_alone, true, residual));
+                    CK(cudaStreamSynchronize(st));
+                    CK(cudaMemcpy(hy_alone.data(), y_alone, sizeof(float) * n, cudaMemcpyDeviceToHost));
+                    for (int depth : {2, 3, 4}) {
+                        qdetail::qsmem_pipe_override() = depth;
+                        CK(cudaMemset(y, 0xff, sizeof(float) * n));
+                        launch(f, path, st, args(1, x, y, true, residual));
+                        CK(cudaGetLastError());
+                        CK(cudaStreamSynchronize(st));
+                        const int ran = qdetail::qsmem_last_depth();
+                        CK(cudaMemcpy(hy.data(), y, sizeof(float) * n, cudaMemcpyDeviceToHost));
+                        size_t diff = 0;
+                        for (int i = 0; i < n; ++i) diff += std::memcmp(&hy[i], &hy_alone[i], 4) != 0 ? 1 : 0;
+                        failures += diff ? 1 : 0;
+                        std::printf("check %6dx%-5d %-13s smem ring depth %d (ran %d) vs register path, 1 row: %zu of %d outputs "
+                                    "differ -> %s\n",
+                                    n, k, name_of(f), depth, ran, diff, n, diff ? "FAILED" : "ok");
+                    }
+                    qdetail::qsmem_pipe_override() = -2;
+                }
             }
             free_weights(w0);
             if (!bench) continue;
@@ -1112,8 +1163,10 @@ int main(int argc, char** argv) try {
             struct Run {
                 Fmt fmt;
                 QuantGemvPath path;
+                int depth = -2;  // smem, one row: the ring depth forced (0: register path); -2: default
             };
             std::vector<Run> runs = {{f, QuantGemvPath::smem}, {f, QuantGemvPath::mma}, {f, QuantGemvPath::simt}};
+            for (int depth : {0, 2, 3, 4}) runs.push_back({f, QuantGemvPath::smem, depth});
             if (f == Fmt::fp8) {
                 // The conversion A/B: cvt.rn.f16x2.e4m3x2 instead of the bit path, same weights; it must
                 // give the same bits (both conversions are exact) once the NaN codes are gone.
@@ -1143,6 +1196,8 @@ int main(int argc, char** argv) try {
             }
             for (const Run& run : runs)
                 for (int rows : bench_rows) {
+                    if (run.depth != -2 && rows != 1) continue;
+                    qdetail::qsmem_pipe_override() = run.depth;
                     const QuantGemvPath path = run.path;
                     const double us = time_us(st, std::max(2 * copies, 24), [&](int i) {
                         QuantLinearArgs a;
@@ -1160,6 +1215,7 @@ int main(int argc, char** argv) try {
                     const std::string label = std::string(name_of(run.fmt)) + " " + name_of(path) + split_of(path, rows);
                     table.push_back(text("%6dx%-5d %-11s %-22s %4d %9.2f %7.0f %5.1f%% %5.2fx", n, k, sh.what, label.c_str(), rows, us,
                                          gbs, 100.0 * gbs / copy, bf16_us[rows] / us));
+                    qdetail::qsmem_pipe_override() = -2;
                 }
             for (auto& w : ws) free_weights(w);
         }
