@@ -104,12 +104,13 @@ __device__ __forceinline__ void merge_warps(const float (&m)[G], const float (&l
 
 // One block's work for token t and kv head g: its warps walk the visible KV blocks with an online
 // softmax each (keys in groups of 8, all loads of a group issued first), then merge into o [G][D].
-// qg: the group's G query heads, rotated (global or shared memory).
-template <int HQ, int HKV, int D, int BS, typename KVT, int NW>
+// qg: G query heads of the group (all of it, or a split's share), rotated (global or shared
+// memory); sinks: those heads' sink logits or null. Each head's arithmetic depends on NW, never on
+// G, so a head gets the same bits whether its block serves the whole group or part of it.
+template <int G, int D, int BS, typename KVT, int NW>
 __device__ __forceinline__ void attend_group(int g, int ctx, int first, const int32_t* table, const float* qg, const std::byte* kv,
                                              int64_t block_bytes, int64_t k_off, int64_t v_off, float scale, const AttnExtras& x,
-                                             float* o) {
-    constexpr int G = HQ / HKV;
+                                             const float* sinks, float* o) {
     constexpr int DPL = (D + kWarp - 1) / kWarp;  // head dims per lane
     static_assert(G * D <= 8192, "grouped heads x head_dim too large for one thread block's merge buffer");
     __shared__ float sm_m[NW][G], sm_l[NW][G];
@@ -182,7 +183,7 @@ __device__ __forceinline__ void attend_group(int g, int ctx, int first, const in
             }
         }
     }
-    merge_warps<G, D, NW, DPL>(m, l, acc, sm_m, sm_l, sm_acc, x.sinks ? x.sinks + g * G : nullptr, o);
+    merge_warps<G, D, NW, DPL>(m, l, acc, sm_m, sm_l, sm_acc, sinks, o);
 }
 
 template <int HQ, int HKV, int D, int BS, typename KVT, int NW = attention_warps<HQ / HKV, D>()>
@@ -205,8 +206,8 @@ attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const 
         return;
     }
     const auto [ctx, first, table] = attn_token(st, t, x);
-    attend_group<HQ, HKV, D, BS, KVT, NW>(g, ctx, first, table, q + (size_t(t) * HQ + size_t(g) * G) * D, kv, block_bytes, k_off, v_off,
-                                      scale, x, o);
+    attend_group<G, D, BS, KVT, NW>(g, ctx, first, table, q + (size_t(t) * HQ + size_t(g) * G) * D, kv, block_bytes, k_off, v_off,
+                                    scale, x, x.sinks ? x.sinks + g * G : nullptr, o);
 }
 
 
@@ -217,18 +218,25 @@ attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const 
 // shared memory (rounded to the cache type, as the cache holds it); earlier positions come from
 // the cache, which kernels of earlier steps wrote, so this warp's KV blocks are prefetched into L2
 // before pdl_wait(). Same keys, same order, same arithmetic as rope_append + attention_kernel.
-template <int HQ, int HKV, int D, int ROT, int BS, typename KVT, int NW = attention_warps<HQ / HKV, D>()>
+// GS > 1 splits the group's query heads over GS blocks (blockIdx.y = kv head * GS + split): a
+// few-token step then spreads over GS times more SMs (each block's score and merge arithmetic is
+// what bounds it: 8 blocks of an 8B batch-1 step issued for ~15 us). Every split rotates the key
+// and writes the same K/V row to the slot (the same bits, so the row is defined whichever write
+// lands last) and reads it back like the other positions; the per-head bits do not change.
+template <int HQ, int HKV, int D, int ROT, int BS, typename KVT, int NW = attention_warps<HQ / HKV, D>(), int GS = 1>
 __global__ void __launch_bounds__(NW * kWarp, attention_min_blocks(NW))
 rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                       const __grid_constant__ RopeFreqs<ROT / 2> f, std::byte* kv, int64_t block_bytes, int64_t k_off, int64_t v_off,
                       float scale, const AttnExtras x, float* __restrict__ out, const __grid_constant__ L2Plan pf) {
     constexpr int G = HQ / HKV;
+    static_assert(G % GS == 0, "the head split must divide the query group");
+    constexpr int GH = G / GS;  // query heads of this block
     constexpr int kHalf = ROT / 2;
-    __shared__ float sm_q[G + 1][D];  // this token's G query heads, then its key head (rotated)
+    __shared__ float sm_q[GH + 1][D];  // this block's query heads of the token, then its key head (rotated)
     __shared__ float sm_v[D];
 
     pdl_trigger();
-    const int t = blockIdx.x, g = blockIdx.y;
+    const int t = blockIdx.x, g = blockIdx.y / GS, h0 = (blockIdx.y % GS) * GH;
     const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
     if (t >= rows) {  // the blocks past the tokens prefetch upcoming weights (read-only: no wait needed)
         if (pf.after_wait) pdl_wait();
@@ -250,19 +258,19 @@ rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, c
         }
     }
     pdl_wait();
-    float* o = out + (size_t(t) * HQ + size_t(g) * G) * D;
+    float* o = out + (size_t(t) * HQ + size_t(g) * G + h0) * D;
     if (padding) {  // graph padding: a defined output, no reads, no KV write
-        for (int i = threadIdx.x; i < G * D; i += blockDim.x) o[i] = 0.0f;
+        for (int i = threadIdx.x; i < GH * D; i += blockDim.x) o[i] = 0.0f;
         return;
     }
-    for (int i = threadIdx.x; i < G * D; i += blockDim.x) sm_q[i / D][i % D] = q[(size_t(t) * HQ + size_t(g) * G) * D + i];
+    for (int i = threadIdx.x; i < GH * D; i += blockDim.x) sm_q[i / D][i % D] = q[(size_t(t) * HQ + size_t(g) * G + h0) * D + i];
     for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        sm_q[G][i] = k[(size_t(t) * HKV + g) * D + i];
+        sm_q[GH][i] = k[(size_t(t) * HKV + g) * D + i];
         sm_v[i] = v[(size_t(t) * HKV + g) * D + i];
     }
     __syncthreads();
     const float pos = float(ctx - 1);
-    for (int w = threadIdx.x; w < (G + 1) * kHalf; w += blockDim.x) {
+    for (int w = threadIdx.x; w < (GH + 1) * kHalf; w += blockDim.x) {
         const int h = w / kHalf, i = w % kHalf;
         float sn, cs;
         sincosf(pos * f.inv_freq[i], &sn, &cs);
@@ -279,14 +287,15 @@ rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, c
     }
     if (kd_out) {
         for (int i = threadIdx.x; i < D; i += blockDim.x) {
-            kd_out[i] = from_f32<KVT>(sm_q[G][i]);
+            kd_out[i] = from_f32<KVT>(sm_q[GH][i]);
             vd_out[i] = from_f32<KVT>(sm_v[i]);
         }
     }
     // The block's own global writes are visible to all its threads after the barrier: the key
     // loop then reads this position from the cache like any other.
     __syncthreads();
-    attend_group<HQ, HKV, D, BS, KVT, NW>(g, ctx, first, table, &sm_q[0][0], kv, block_bytes, k_off, v_off, scale, x, o);
+    attend_group<GH, D, BS, KVT, NW>(g, ctx, first, table, &sm_q[0][0], kv, block_bytes, k_off, v_off, scale, x,
+                                     x.sinks ? x.sinks + g * G + h0 : nullptr, o);
 }
 
 // The same attention with one key per lane (tiles of 32 keys per warp): a lane scores its key
@@ -447,6 +456,21 @@ void attention(const Ctx& c, int rows, const float* q, const std::byte* kv, int6
                block_bytes, k_off, v_off, scale, extras, out);
 }
 
+// Decode steps of so few tokens that one block per query head still fits on the GPU at once split
+// each group's heads over their own blocks (rope_attention_kernel's GS): the SM count, or what
+// SCR_CUDA_ATTN_SPLIT asks (0: never split, for A/B runs), or the tests' attention_split_override().
+inline int attention_split_max_blocks() {
+    if (attention_split_override() >= 0) return attention_split_override();
+    static const int blocks = [] {
+        if (const char* e = std::getenv("SCR_CUDA_ATTN_SPLIT"); e && *e) return std::atoi(e);
+        int dev = 0, sms = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        return sms;
+    }();
+    return blocks;
+}
+
 // SCR_CUDA_ROPE_ATTN=0: RoPE + KV append and attention as two launches in every step (kept for
 // A/B runs); by default one launch (rope_attention_kernel) where every sequence has one token.
 inline bool rope_attention_fused_on() {
@@ -476,6 +500,13 @@ void rope_attention(const Ctx& c, int rows, const float* q, const float* k, cons
     if (c.one_token_per_seq && rows <= kAttentionDecodeMaxRows && rope_attention_fused_on()) {
         constexpr int NW = detail::attention_warps<HQ / HKV, D>();
         const L2Plan pf = l2_plan(c.l2, L2Site::attention);  // as in attention() above
+        if (rows * HQ <= attention_split_max_blocks()) {  // one block per query head (same bits, more SMs)
+            constexpr int GS = HQ / HKV;
+            const int extra = ceil_div(l2_prefetch_blocks(pf, NW * kWarp), HKV * GS);
+            launch(c, detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT, NW, GS>, dim3(rows + extra, HKV * GS), dim3(NW * kWarp), rows,
+                   c.step, q, k, v, f, kv, block_bytes, k_off, v_off, scale, extras, out, pf);
+            return;
+        }
         const int extra = ceil_div(l2_prefetch_blocks(pf, NW * kWarp), HKV);
         launch(c, detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT>, dim3(rows + extra, HKV), dim3(NW * kWarp), rows, c.step, q, k,
                v, f, kv, block_bytes, k_off, v_off, scale, extras, out, pf);

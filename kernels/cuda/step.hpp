@@ -17,6 +17,15 @@ enum StepHeader : int {
     kHeaderInts = 4,
 };
 
+// Decode steps of at most this many rows x query heads split each query group's heads over their
+// own blocks in the fused decode attention (attention_split_max_blocks, kernels/cuda/attention.cuh);
+// -1: SCR_CUDA_ATTN_SPLIT, else the SM count. Tests set it to run both launches (graphs are captured
+// per model, so a model loaded after the change uses the new value).
+inline int& attention_split_override() {
+    static int v = -1;
+    return v;
+}
+
 struct DevStep {
     const int32_t* header = nullptr;        // [kHeaderInts]
     const int32_t* token_ids = nullptr;     // [launch rows]; padding rows hold 0

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Where a batched decode step spends its time (issue #6: Llama-3.1-8B at B=16/64/256 behind
 # llama.cpp), and a same-binary A/B of a switch, in one call of the run tool:
-#   OUT=$OUT [AB_ENV=SCR_CUDA_FUSED_SPLIT=0] [MODELS="8b 1b"] [NCU=1] bash tests/cuda/batched_profile.sh CARRY_DIR
+#   OUT=$OUT [AB_ENV=SCR_CUDA_FUSED_SPLIT=0] [MODELS="8b 1b"] [BENCH_BATCHES="16 64 256"] [NCU=1] [NCU_BATCHES="64 16"] \
+#       [NCU_EXTRA="--cache-control none"] bash tests/cuda/batched_profile.sh CARRY_DIR
 # CARRY_DIR/bin.tar.xz: scr of a CUDA build holding llama-3.1-8b and llama-3.2-1b (bf16), and
 # optionally scr_cuda_linear (run first when present).
 #  * `scr bench --mode forward`: prefill of 2,048 tokens, then decode at B = 16/64/256, context 192
@@ -38,7 +39,7 @@ for m in ${MODELS:-8b 1b}; do
     if [ $m = 8b ]; then cfg=llama-3.1-8b; else cfg=llama-3.2-1b; fi
     M=/dev/shm/l$m
     step "make_random_$m" 60 $C/scr make-random models/configs/llama/$cfg.json $M --dtype bf16
-    for B in 16 64 256; do
+    for B in ${BENCH_BATCHES-16 64 256}; do
         for v in default ab; do
             env=(); [ $v = ab ] && env=($AB_ENV)
             args=(--mode forward --batch $B --context 192 --iters 4 --input-len 16)
@@ -49,7 +50,7 @@ for m in ${MODELS:-8b 1b}; do
     done
     if [ $m = 8b ] && [ "${NCU:-1}" = 1 ]; then
         for B in ${NCU_BATCHES:-64 16}; do
-            step ncu_b$B 150 ncu --clock-control none --launch-count 1800 --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
+            step ncu_b$B 150 ncu --clock-control none ${NCU_EXTRA:-} --launch-count 1800 --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
                 $C/scr bench $M --mode forward --batch $B --input-len 16 --context 192 --iters 1
             python3 tests/cuda/ncu_step_table.py "$LOGS/ncu_b$B.txt" > "$OUT/ncu_b${B}_table.md" 2>&1
             cat "$OUT/ncu_b${B}_table.md"

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 
 #include <cmath>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "kernels/cuda/step.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/cuda/cuda_model.hpp"
 #include "runtime/engine/engine.hpp"
@@ -93,14 +95,19 @@ INSTANTIATE_TEST_SUITE_P(Cuda, Fixture,
                          });
 
 // Three sequences of different lengths decoding in one step (bucket 4, one padding row) give the
-// logits each gets alone.
-void batched_equals_alone(const std::string& fixture, const std::string& quant) {
+// logits each gets alone. With `seqs` > 3, that many sequences of made-up prompts (1-19 tokens).
+std::vector<float> batched_equals_alone(const std::string& fixture, const std::string& quant, int seqs = 3) {
     auto lm = load_model((kFixtures / fixture).string(), LoadOptions{.quant = quant, .load_text = false});
     CompiledModel& m = *lm.model;
     const ModelInfo& info = m.info();
     const int V = info.vocab_size, bs = info.block_size;
-    const std::vector<std::vector<int32_t>> prompts = {{5, 9, 2, 7}, {11, 3, 3, 3, 3, 3, 8, 1, 4, 4, 4, 4, 4, 4, 4, 4, 9, 1, 2}, {17}};
-    const std::vector<int32_t> next = {6, 12, 30};
+    std::vector<std::vector<int32_t>> prompts = {{5, 9, 2, 7}, {11, 3, 3, 3, 3, 3, 8, 1, 4, 4, 4, 4, 4, 4, 4, 4, 9, 1, 2}, {17}};
+    std::vector<int32_t> next = {6, 12, 30};
+    for (int s = 3; s < seqs; ++s) {
+        prompts.emplace_back();
+        for (int i = 0; i < 1 + (s * 7) % 19; ++i) prompts.back().push_back(1 + (s * 13 + i * 5) % (V - 1));
+        next.push_back(2 + (s * 11) % (V - 2));
+    }
     std::vector<std::vector<float>> alone;
     for (size_t s = 0; s < prompts.size(); ++s) {
         SequenceRunner r(m, 64);
@@ -163,8 +170,9 @@ void batched_equals_alone(const std::string& fixture, const std::string& quant) 
         m.forward(b, pool, logits.data());
         for (int s = 0; s < S; ++s)
             for (int v = 0; v < V; ++v)
-                ASSERT_EQ(logits[size_t(s) * V + v], alone[s][size_t(v)]) << fixture << "/" << quant << " seq " << s << " vocab " << v;
+                EXPECT_EQ(logits[size_t(s) * V + v], alone[s][size_t(v)]) << fixture << "/" << quant << " seq " << s << " vocab " << v;
     }
+    return logits;
 }
 
 TEST(CudaBatch, DecodeStepEqualsAloneF32) {
@@ -177,6 +185,24 @@ TEST(CudaBatch, DecodeStepEqualsAloneBf16) {
     REQUIRE_GPU();
     batched_equals_alone("LlamaForCausalLM", "bf16");
     batched_equals_alone("Qwen3ForCausalLM", "bf16");
+}
+
+// The fused decode attention with each query group in one block and with the group's heads split
+// over blocks (rope_attention_kernel's GS): the same logits, bit for bit, for every sequence of a
+// decode step (and each alone, inside batched_equals_alone).
+TEST(CudaBatch, AttentionHeadSplitKeepsTheBits) {
+    REQUIRE_GPU();
+    for (const auto& [fixture, quant] : {std::pair{"LlamaForCausalLM", "bf16"}, std::pair{"Qwen3ForCausalLM", "f32"}}) {
+        kernels::cuda::attention_split_override() = 0;  // never split
+        const std::vector<float> whole = batched_equals_alone(fixture, quant, 6);
+        kernels::cuda::attention_split_override() = 1 << 20;  // always split
+        const std::vector<float> split = batched_equals_alone(fixture, quant, 6);
+        kernels::cuda::attention_split_override() = -1;
+        ASSERT_EQ(whole.size(), split.size());
+        size_t differ = 0;
+        for (size_t i = 0; i < whole.size(); ++i) differ += std::memcmp(&whole[i], &split[i], sizeof(float)) != 0;
+        EXPECT_EQ(differ, 0u) << fixture << "/" << quant << ": " << differ << " of " << whole.size() << " logits differ";
+    }
 }
 
 // The engine (chunked prefill mixing with decodes, eager; then decode-only steps, graphs) against
