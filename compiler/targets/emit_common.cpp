@@ -52,6 +52,23 @@ Sizes sizes_of(const bind::Bound& b) {
         s.weight_bytes += n;
     }
     s.active_weight_bytes = s.weight_bytes;
+    // An embedding table that only the embed op reads (untied, as Llama-3.1-8B's) costs one row per
+    // token, not the whole table (a tied one is read whole by the LM head, counted there).
+    const auto bytes_of = [&](int id) {
+        int64_t n = dtype_bytes(g.tensors[id].dtype);
+        for (auto d : g.tensors[id].shape) n *= d;
+        return n;
+    };
+    for (auto& op : g.ops) {
+        if (op.kind != ir::OpKind::embed) continue;
+        for (int id : op.weights) {
+            if (id < 0 || g.tensors[id].shape.empty() || g.tensors[id].shape[0] <= 0) continue;
+            const bool read_elsewhere = std::any_of(g.ops.begin(), g.ops.end(), [&](const ir::Op& o) {
+                return o.kind != ir::OpKind::embed && std::find(o.weights.begin(), o.weights.end(), id) != o.weights.end();
+            });
+            if (!read_elsewhere) s.active_weight_bytes -= bytes_of(id) - bytes_of(id) / g.tensors[id].shape[0];
+        }
+    }
     for (auto& op : g.ops) {
         if (op.kind != ir::OpKind::moe) continue;
         int64_t experts = int64_t(op.attr.at("experts")), top_k = int64_t(op.attr.at("top_k"));

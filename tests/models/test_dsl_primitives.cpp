@@ -165,6 +165,18 @@ TEST(Mla, DeepSeekV3CachesTheLatentOnly) {
     EXPECT_GT(int64_t(61) * 128 * (192 + 128) * 2 / s.kv_bytes_per_token, 40);
 }
 
+// The weight bytes a decode token reads (the bandwidth floor of `scr bench` / `scr cuda-bench`): an
+// untied embedding table costs one row, a tied one is read whole by the LM head.
+TEST(Sizes, ReadPerTokenCountsOneRowOfAnUntiedEmbedding) {
+    const int64_t table = int64_t(128256) * 4096 * 2;  // Llama-3.1-8B embed_tokens, bf16
+    auto b8 = bind_real("llama.scr", "llama/llama-3.1-8b.json");
+    auto s8 = emit::sizes_of(b8);
+    EXPECT_EQ(s8.weight_bytes - s8.active_weight_bytes, table - 4096 * 2);
+    auto b1 = bind_real("llama.scr", "llama/llama-3.2-1b.json");  // tie_word_embeddings: true
+    auto s1 = emit::sizes_of(b1);
+    EXPECT_EQ(s1.active_weight_bytes, s1.weight_bytes);
+}
+
 TEST(Window, RealConfigsFreeBlocksOnlyWhenEveryLayerIsWindowed) {
     EXPECT_EQ(emit::freeable_window(bind_real("gpt_oss.scr", "gpt_oss/gpt-oss-120b.json").graph), 0);
     EXPECT_EQ(emit::freeable_window(bind_real("gemma2.scr", "gemma2/gemma-2-2b-it.json").graph), 0);
