@@ -14,7 +14,8 @@
 #   bench_1b         (15 / 60)   scr cuda-bench --prompt 128 --decode 128 --prefill 2048 --batches 16,64,256
 #   make_random_8b   (12 / 60)   16 GB checkpoint
 #   bench_8b         (35 / 90)   same flags
-#   bench_8b_before  (30 / 60)   SCR_CUDA_FUSED_SPLIT=0 (this session's A/B); warm-file start-up
+#   bench_8b_before  (15 / 60)   BEFORE_ENV (this session's A/B, default SCR_CUDA_ATTN_SPLIT=0), batch 1 and 4; warm-file start-up
+#   bench_1b_before  (8 / 40)    the same for the 1B
 #   bench_1b_warm    (8 / 40)    warm-file start-up of the 1B, B=64 again
 #   ncu_mma_b16, ncu_attn_b64 (20 / 40 each)  Nsight Compute sections of one launch each (NCU_DETAIL=0: skip)
 #   serve_1b         (25 / 60)   scr serve + serve_load.py, 1/16/64 clients, 128-token prompts, 128 out
@@ -119,7 +120,10 @@ step make_random_8b 60 $SCR make-random $CFG/llama/llama-3.1-8b.json "$D8" --dty
 # Session 5's A/B from the same binary: the cuBLASLt path as it was (warp-per-row RMSNorm, a hi/lo
 # split and closing pass per matrix), docs/CUDA.md "Session 5: batched decode". Being the second
 # process on these files, its start-up line is also the warm-file start-up.
-have "$D8" && step bench_8b_before 60 env SCR_CUDA_FUSED_SPLIT=0 $BENCH "$D8" --prompt 128 --decode 32 --prefill 2048 --batches 16,64,256
+# The session's A/B, same binary (BEFORE_ENV; session 6: the batch-1 attention split off).
+BEFORE_ENV=${BEFORE_ENV:-SCR_CUDA_ATTN_SPLIT=0}
+have "$D8" && step bench_8b_before 60 env $BEFORE_ENV $BENCH "$D8" --prompt 128 --decode 128 --prefill 0 --batches 4
+have "$D1" && step bench_1b_before 40 env $BEFORE_ENV $BENCH "$D1" --prompt 128 --decode 128 --prefill 0 --batches 4
 have "$D1" && step bench_1b_warm 40 $BENCH "$D1" --prompt 128 --decode 32 --prefill 0 --batches 64
 # Why the 8B's B=16 step (the MMA linear) and B=64 attention sit below the bandwidth: one launch of
 # each under Nsight Compute's sections (NCU_DETAIL=0 skips).
