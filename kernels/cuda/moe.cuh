@@ -8,6 +8,9 @@
 // logits R*E | top-k ids R*K | top-k weights R*K | activations R*K*F | expert outputs R*K*H.
 #pragma once
 
+#include <cstdlib>
+#include <cstring>
+
 #include "kernels/cuda/linear.cuh"
 
 namespace scr::kernels::cuda {
@@ -78,6 +81,82 @@ __global__ void moe_route_kernel(int rows, float* logits, int32_t* top_id, float
         for (int j = 0; j < TOPK; ++j) ws[j] /= wsum;
 }
 
+// The same routing with one warp per row (moe_route_warp_kernel; moe_route_kernel above, one
+// thread per row, is kept for A/B runs: SCR_CUDA_MOE_ROUTE=serial). The serial kernel walks 128
+// experts x 8 picks through global memory on one thread per row, tens of microseconds per layer at
+// batch 1. Here the row's probabilities sit in shared memory, the max is a warp reduction (order
+// free), the softmax's sum stays one lane's sum in expert order, and each pick is a warp argmax
+// (larger probability, ties to the lower expert id: the serial loop's first strictly greater one).
+// Same ids, same weights, bit for bit (NaN probabilities are never picked here while a number is
+// left; the serial loop's choice among NaNs depended on where they stood).
+constexpr int kRouteWarps = 4;  // rows per block
+
+template <int E, int TOPK, bool NORMALIZE>
+__global__ void __launch_bounds__(kRouteWarps * kWarp) moe_route_warp_kernel(int rows, float* logits, int32_t* top_id, float* top_w) {
+    __shared__ float sp[kRouteWarps][E];
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    const int r = blockIdx.x * kRouteWarps + warp;
+    if (r >= rows) return;  // warp-uniform
+    float* lg = logits + size_t(r) * E;
+    float* p = sp[warp];
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += kWarp) {
+        p[e] = lg[e];
+        mx = fmaxf(mx, p[e]);
+    }
+    mx = warp_max(mx);
+    for (int e = lane; e < E; e += kWarp) p[e] = expf(p[e] - mx);
+    __syncwarp();
+    float z = 0.0f;
+    if (lane == 0)
+        for (int e = 0; e < E; ++e) z += p[e];
+    z = __shfl_sync(0xffffffffu, z, 0);
+    __syncwarp();
+    for (int e = lane; e < E; e += kWarp) lg[e] = p[e] = p[e] / z;
+    __syncwarp();
+    constexpr int kPer = (E + kWarp - 1) / kWarp;  // experts per lane: lane + 32 i
+    uint32_t taken = 0;                             // bit i: expert lane + 32 i is picked
+    float wsum = 0.0f;
+    for (int j = 0; j < TOPK; ++j) {
+        float bv = 0.0f;
+        int be = -1;
+        for (int i = 0; i < kPer; ++i) {
+            const int e = lane + i * kWarp;
+            if (e >= E || (taken >> i & 1u) || p[e] != p[e]) continue;
+            if (be < 0 || p[e] > bv) {
+                bv = p[e];
+                be = e;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (oe >= 0 && (be < 0 || ov > bv || (ov == bv && oe < be))) {
+                bv = ov;
+                be = oe;
+            }
+        }
+        if (be < 0) {  // every remaining probability is NaN: the lowest expert not yet taken
+            for (int e = 0; e < E && be < 0; ++e) {
+                bool t = false;
+                for (int i = 0; i < j; ++i) t |= top_id[size_t(r) * TOPK + i] == e;
+                if (!t) be = e;
+            }
+            bv = p[be];
+        }
+        if ((be % kWarp) == lane) taken |= 1u << (be / kWarp);
+        if (lane == 0) {
+            top_id[size_t(r) * TOPK + j] = be;
+            top_w[size_t(r) * TOPK + j] = bv;
+            wsum += bv;
+        }
+        __syncwarp();
+    }
+    if (NORMALIZE && lane == 0)
+        for (int j = 0; j < TOPK; ++j) top_w[size_t(r) * TOPK + j] /= wsum;
+}
+
 // act[p][f] = silu(x[row] . Wg_e[f]) * (x[row] . Wu_e[f]) for pair p = row * TOPK + j.
 template <int H, int F, int TOPK, typename WT>
 __global__ void __launch_bounds__(256) moe_up_kernel(const float* __restrict__ x, const void* const* __restrict__ experts,
@@ -128,6 +207,17 @@ __global__ void moe_combine_kernel(int rows, const int32_t* __restrict__ top_id,
 
 }  // namespace detail
 
+// SCR_CUDA_MOE_ROUTE=serial: the one-thread-per-row routing kernel (for A/B runs; same results),
+// or the tests' moe_route_override().
+inline bool moe_route_serial() {
+    if (moe_route_override() >= 0) return moe_route_override() == 1;
+    static const bool serial = [] {
+        const char* e = std::getenv("SCR_CUDA_MOE_ROUTE");
+        return e && std::strcmp(e, "serial") == 0;
+    }();
+    return serial;
+}
+
 template <int H, int F, int E, int TOPK, bool NORMALIZE, typename WT, typename RT>
 void moe(const Ctx& c, int rows, const float* x, const RT* router, const void* const* experts, const float* residual, float* out,
          float* ws) {
@@ -141,7 +231,11 @@ void moe(const Ctx& c, int rows, const float* x, const RT* router, const void* c
     act += (4 - (reinterpret_cast<uintptr_t>(act) / 4) % 4) % 4;
     float* y = act + size_t(rows) * TOPK * F;
     linear<E, H, RT>(c, rows, x, router, nullptr, nullptr, logits);
-    detail::moe_route_kernel<E, TOPK, NORMALIZE><<<ceil_div(rows, 128), 128, 0, c.stream>>>(rows, logits, top_id, top_w);
+    if (moe_route_serial())
+        detail::moe_route_kernel<E, TOPK, NORMALIZE><<<ceil_div(rows, 128), 128, 0, c.stream>>>(rows, logits, top_id, top_w);
+    else
+        detail::moe_route_warp_kernel<E, TOPK, NORMALIZE>
+            <<<ceil_div(rows, detail::kRouteWarps), detail::kRouteWarps * kWarp, 0, c.stream>>>(rows, logits, top_id, top_w);
     detail::moe_up_kernel<H, F, TOPK, WT><<<dim3(ceil_div(F, 8), rows * TOPK), 256, 0, c.stream>>>(x, experts, top_id, act);
     detail::moe_down_kernel<H, F, WT><<<dim3(ceil_div(H, 8), rows * TOPK), 256, 0, c.stream>>>(act, experts, top_id, y);
     detail::moe_combine_kernel<H, TOPK><<<dim3(ceil_div(H, 128), rows), 128, 0, c.stream>>>(rows, top_id, top_w, y, residual, out);

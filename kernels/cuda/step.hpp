@@ -26,6 +26,13 @@ inline int& attention_split_override() {
     return v;
 }
 
+// MoE routing kernel (kernels/cuda/moe.cuh, moe_route_serial): -1: SCR_CUDA_MOE_ROUTE decides,
+// 0: one warp per row, 1: the serial one-thread-per-row kernel. For tests, as above.
+inline int& moe_route_override() {
+    static int v = -1;
+    return v;
+}
+
 struct DevStep {
     const int32_t* header = nullptr;        // [kHeaderInts]
     const int32_t* token_ids = nullptr;     // [launch rows]; padding rows hold 0

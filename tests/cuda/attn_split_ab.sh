@@ -1,11 +1,12 @@
 #!/bin/bash
 # Batch-1 decode with and without a switch, same binary, alternating, in one call on the GPU machine
 # (issue #6; written for the decode attention's head split, SCR_CUDA_ATTN_SPLIT=0 turns it off):
-#   OUT=$OUT [AB_ENV=SCR_CUDA_ATTN_SPLIT=0] [MODELS="1b 8b"] [ROUNDS=2] [NCU=1] bash tests/cuda/attn_split_ab.sh CARRY_DIR
-# CARRY_DIR/bin.tar.xz: scr of a CUDA build holding llama-3.2-1b and llama-3.1-8b (bf16), packed by
-# tests/cuda/pack_carry.sh. Per model: a random checkpoint in /dev/shm, then ROUNDS x (defaults,
-# AB_ENV) of `scr cuda-bench --prompt 128 --decode 128 --prefill 0 --batches 4`; with NCU=1 the
-# per-kernel table of the 8B's decode steps (tests/cuda/ncu_step_table.py, caches warm) for both.
+#   OUT=$OUT [AB_ENV=SCR_CUDA_ATTN_SPLIT=0] [MODELS="1b 8b"] [ROUNDS=2] [NCU=1] [NCU_MODEL=8b] [NCU_VARIANTS="default ab"] [NCU_LAUNCHES=1300] bash tests/cuda/attn_split_ab.sh CARRY_DIR
+# CARRY_DIR/bin.tar.xz: scr of a CUDA build holding the MODELS (bf16): 1b = llama-3.2-1b, 8b =
+# llama-3.1-8b, 30b = qwen3-30b-a3b (61 GB in /dev/shm), packed by tests/cuda/pack_carry.sh. Per
+# model: a random checkpoint in /dev/shm, then ROUNDS x (defaults, AB_ENV) of `scr cuda-bench
+# --prompt 128 --decode 128 --prefill 0 --batches 4`; with NCU=1 the per-kernel table of NCU_MODEL's
+# batch-1 decode steps (tests/cuda/ncu_step_table.py, caches warm) for both.
 set -u
 CARRY=${1:-.ab-carry}
 OUT=${OUT:-/tmp/scr-ab-out}
@@ -27,20 +28,20 @@ step() {  # step NAME TIMEOUT CMD...
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 for m in ${MODELS:-1b 8b}; do
-    if [ $m = 8b ]; then cfg=llama-3.1-8b; else cfg=llama-3.2-1b; fi
+    case $m in 8b) cfg=llama/llama-3.1-8b ;; 30b) cfg=qwen3_moe/qwen3-30b-a3b ;; *) cfg=llama/llama-3.2-1b ;; esac
     M=/dev/shm/m$m
-    step "make_random_$m" 60 $C/scr make-random models/configs/llama/$cfg.json $M --dtype bf16
+    step "make_random_$m" 120 $C/scr make-random models/configs/$cfg.json $M --dtype bf16
     for r in $(seq ${ROUNDS:-2}); do
         for v in default ab; do
             env=(); [ $v = ab ] && env=($AB_ENV)
-            step "bench_${m}_${v}_$r" 60 env "${env[@]}" $C/scr cuda-bench $M --prompt 128 --decode 128 --prefill 0 --batches 4
+            step "bench_${m}_${v}_$r" 90 env "${env[@]}" $C/scr cuda-bench $M --prompt 128 --decode 128 --prefill 0 --batches 4
             echo "== $m $v ($([ $v = ab ] && echo "$AB_ENV" || echo defaults)) round $r: $(grep -h '^batch-1 decode\|^decode batch' "$LOGS/bench_${m}_${v}_$r.txt" | cut -c1-110 | tr '\n' ' ')"
         done
     done
-    if [ $m = 8b ] && [ "${NCU:-1}" = 1 ]; then
-        for v in default ab; do
+    if [ $m = "${NCU_MODEL:-8b}" ] && [ "${NCU:-1}" = 1 ]; then
+        for v in ${NCU_VARIANTS:-default ab}; do
             env=(); [ $v = ab ] && env=($AB_ENV)
-            step ncu_$v 120 env "${env[@]}" ncu --clock-control none --cache-control none --launch-count 1300 \
+            step ncu_$v 120 env "${env[@]}" ncu --clock-control none --cache-control none --launch-count ${NCU_LAUNCHES:-1300} \
                 --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv $C/scr bench $M --mode forward --batch 1 --input-len 120 --context 192 --iters 1
             python3 tests/cuda/ncu_step_table.py "$LOGS/ncu_$v.txt" > "$OUT/ncu_${v}_table.md" 2>&1
             echo "-- ncu, $v:"; grep -E "^step|^\| [a-z_]+ \|" "$OUT/ncu_${v}_table.md" | head -8

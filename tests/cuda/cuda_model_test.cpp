@@ -187,6 +187,21 @@ TEST(CudaBatch, DecodeStepEqualsAloneBf16) {
     batched_equals_alone("Qwen3ForCausalLM", "bf16");
 }
 
+// MoE routing with one warp per row and with the serial one-thread-per-row kernel: the same logits,
+// bit for bit (ids, weights and the softmax's sum order are the same).
+TEST(CudaBatch, MoeWarpRoutingKeepsTheBits) {
+    REQUIRE_GPU();
+    kernels::cuda::moe_route_override() = 1;  // serial
+    const std::vector<float> serial = batched_equals_alone("Qwen3MoeForCausalLM", "f32", 6);
+    kernels::cuda::moe_route_override() = 0;  // a warp per row
+    const std::vector<float> warp = batched_equals_alone("Qwen3MoeForCausalLM", "f32", 6);
+    kernels::cuda::moe_route_override() = -1;
+    ASSERT_EQ(serial.size(), warp.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < serial.size(); ++i) differ += std::memcmp(&serial[i], &warp[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << differ << " of " << serial.size() << " logits differ";
+}
+
 // The fused decode attention with each query group in one block and with the group's heads split
 // over blocks (rope_attention_kernel's GS): the same logits, bit for bit, for every sequence of a
 // decode step (and each alone, inside batched_equals_alone).
