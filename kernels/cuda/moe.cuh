@@ -115,6 +115,7 @@ __global__ void __launch_bounds__(kRouteWarps * kWarp) moe_route_warp_kernel(int
     for (int e = lane; e < E; e += kWarp) lg[e] = p[e] = p[e] / z;
     __syncwarp();
     constexpr int kPer = (E + kWarp - 1) / kWarp;  // experts per lane: lane + 32 i
+    static_assert(kPer <= 32, "the per-lane `taken` mask holds 32 experts per lane (E <= 1024)");
     uint32_t taken = 0;                             // bit i: expert lane + 32 i is picked
     float wsum = 0.0f;
     for (int j = 0; j < TOPK; ++j) {
