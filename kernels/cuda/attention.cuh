@@ -214,10 +214,10 @@ attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const 
 // Decode attention with RoPE and the KV append folded in, for steps where every sequence has one
 // token (Ctx::one_token_per_seq): then only this block reads its token's new K/V row, so nothing
 // has to reach memory before the attention starts. The block rotates its G query heads and its key
-// head exactly as rope_kernel does, writes K and V to the slot, and takes the current key from
-// shared memory (rounded to the cache type, as the cache holds it); earlier positions come from
-// the cache, which kernels of earlier steps wrote, so this warp's KV blocks are prefetched into L2
-// before pdl_wait(). Same keys, same order, same arithmetic as rope_append + attention_kernel.
+// head exactly as rope_kernel does, writes K and V to the slot, and reads the current position back
+// from the cache after a barrier, like every other position (earlier ones were written by kernels
+// of earlier steps, so this warp's KV blocks are prefetched into L2 before pdl_wait()). Same keys,
+// same order, same arithmetic as rope_append + attention_kernel.
 // GS > 1 splits the group's query heads over GS blocks (blockIdx.y = kv head * GS + split): a
 // few-token step then spreads over GS times more SMs (each block's score and merge arithmetic is
 // what bounds it: 8 blocks of an 8B batch-1 step issued for ~15 us). Every split rotates the key
