@@ -13,19 +13,9 @@ OUT=${OUT:-/tmp/scr-ab-out}
 LOGS=/tmp/scr-ab-logs  # tarred into $OUT at the end (the run tool brings back few files)
 mkdir -p "$LOGS" "$OUT"
 exec > >(tee -a "$OUT/summary.txt") 2>&1
-C=/tmp/scr-ab-bin
-mkdir -p $C && tar -C $C -xJf "$CARRY/bin.tar.xz" || { echo "cannot unpack $CARRY/bin.tar.xz"; exit 1; }
-export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PYTHONUNBUFFERED=1 SCR_HUGE_PAGES=0
-command -v ncu >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
+. tests/cuda/device_lib.sh
+device_unpack "$CARRY" /tmp/scr-ab-bin
 AB_ENV=${AB_ENV:-SCR_CUDA_ATTN_SPLIT=0}
-summary=()
-step() {  # step NAME TIMEOUT CMD...
-    local name=$1 limit=$2; shift 2
-    local t0=$SECONDS
-    timeout -k 5 "$limit" "$@" > "$LOGS/$name.txt" 2>&1
-    summary+=("$name: rc=$? ($((SECONDS - t0)) s)")
-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 for m in ${MODELS:-1b 8b}; do
     case $m in 8b) cfg=llama/llama-3.1-8b ;; 30b) cfg=qwen3_moe/qwen3-30b-a3b ;; *) cfg=llama/llama-3.2-1b ;; esac

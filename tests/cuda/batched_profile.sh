@@ -16,20 +16,9 @@ CARRY=${1:-.bp-carry}
 OUT=${OUT:-/tmp/scr-bp-out}
 LOGS=$OUT/logs
 mkdir -p "$LOGS"
-C=/tmp/scr-bp-bin
-mkdir -p $C && tar -C $C -xJf "$CARRY/bin.tar.xz" || { echo "cannot unpack $CARRY/bin.tar.xz"; exit 1; }
-export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PYTHONUNBUFFERED=1 SCR_HUGE_PAGES=0
-command -v ncu >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
+. tests/cuda/device_lib.sh
+device_unpack "$CARRY" /tmp/scr-bp-bin
 AB_ENV=${AB_ENV:-SCR_CUDA_FUSED_SPLIT=0}
-summary=()
-step() {  # step NAME TIMEOUT CMD...
-    local name=$1 limit=$2; shift 2
-    local t0=$SECONDS
-    timeout -k 5 "$limit" "$@" > "$LOGS/$name.txt" 2>&1
-    local rc=$?
-    summary+=("$name: rc=$rc ($((SECONDS - t0)) s)")
-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 if [ -x $C/scr_cuda_linear ]; then
     step linear 120 $C/scr_cuda_linear

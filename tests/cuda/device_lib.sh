@@ -1,0 +1,22 @@
+# Sourced by the device scripts (tests/cuda/*.sh run through the run tool on the GPU machine):
+#   device_unpack CARRY_DIR BIN_DIR   unpacks CARRY_DIR/bin.tar.xz (tests/cuda/pack_carry.sh) into
+#                                     BIN_DIR (sets C), puts its lib/ and the toolkit's libraries on
+#                                     LD_LIBRARY_PATH and the toolkit's tools (ncu, compute-sanitizer)
+#                                     on PATH, and reads weights from the file mapping (SCR_HUGE_PAGES=0);
+#   step NAME TIMEOUT CMD...          runs CMD under timeout, its output in $LOGS/NAME.txt, and adds
+#                                     "NAME: rc=... (... s)" to the summary array.
+summary=()
+device_unpack() {
+    C=$2
+    mkdir -p "$C" && tar -C "$C" -xJf "$1/bin.tar.xz" || { echo "cannot unpack $1/bin.tar.xz"; exit 1; }
+    export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export PYTHONUNBUFFERED=1 SCR_HUGE_PAGES=0
+    command -v ncu >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
+}
+step() {
+    local name=$1 limit=$2; shift 2
+    local t0=$SECONDS
+    timeout -k 5 "$limit" "$@" > "$LOGS/$name.txt" 2>&1
+    local rc=$?
+    summary+=("$name: rc=$rc ($((SECONDS - t0)) s)")
+}
