@@ -1653,9 +1653,16 @@ bool quant_smem_fits(const QuantFusedArgs& a) {
 }
 
 }  // namespace qdetail
+}  // namespace scr::kernels::cuda
+
+#include "kernels/cuda/quant_mma1.cuh"
+
+namespace scr::kernels::cuda {
 
 // Which kernel quant_linear runs (SCR_CUDA_QUANT_GEMV, read once):
-//   `smem1` (default): one token row on the shared-memory SIMT kernel (quant_smem_kernel), 2+ rows
+//   `tc1` (default): one token row of an MLX int4 format on the one-row tensor-core kernel
+//           (quant_mma1_kernel), of int8 / fp8 on the shared-memory kernel; 2+ rows as `smem1`;
+//   `smem1`: one token row on the shared-memory SIMT kernel (quant_smem_kernel), 2+ rows
 //           on the tensor-core kernel: each regime on the kernel that measured fastest for it
 //           (Llama-3.2-1B on the H200, docs/CUDA.md: batch 1 int4-g64 1,347-1,353 tok/s on the
 //           shared-memory kernel vs 1,201 on the tensor-core one; batch 8 6,298 vs 2,917 the other
@@ -1666,7 +1673,7 @@ bool quant_smem_fits(const QuantFusedArgs& a) {
 // A shape or layout a kernel does not take falls back (smem -> mma -> simt). Within each regime
 // (1 row and 2+ rows for `smem1`; 1-8 and 9+ for `smem`; all rows for `mma`) the choice depends on
 // the shape only, so a decode row's bits never depend on the other rows of its regime.
-enum class QuantGemvPath { automatic, simt, mma, smem, smem1 };
+enum class QuantGemvPath { automatic, simt, mma, smem, smem1, tc1 };
 
 inline QuantGemvPath quant_gemv_mode() {
     static const QuantGemvPath mode = [] {
@@ -1674,7 +1681,8 @@ inline QuantGemvPath quant_gemv_mode() {
         if (e && std::strcmp(e, "simt") == 0) return QuantGemvPath::simt;
         if (e && std::strcmp(e, "smem") == 0) return QuantGemvPath::smem;
         if (e && std::strcmp(e, "mma") == 0) return QuantGemvPath::mma;
-        return QuantGemvPath::smem1;
+        if (e && std::strcmp(e, "smem1") == 0) return QuantGemvPath::smem1;
+        return QuantGemvPath::tc1;
     }();
     return mode;
 }
@@ -1692,6 +1700,13 @@ void quant_linear(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path = Q
     if (!a.q || !a.scales || (F::kAffine && !a.biases) || !a.x || !a.y)
         throw std::invalid_argument("quant_linear: missing weight, scale, bias, input or output pointer");
     if (path == QuantGemvPath::automatic) path = quant_gemv_mode();
+    if constexpr (F::kAffine) {
+        if (path == QuantGemvPath::tc1 && a.rows == 1) {
+            const QuantFusedArgs fa = qdetail::fused_of(a);
+            if (qdetail::quant_mma1_fits<F>(fa) && qdetail::launch_quant_mma1<F, false, false>(c, fa)) return;
+        }
+    }
+    if (path == QuantGemvPath::tc1) path = QuantGemvPath::smem1;
     if (((path == QuantGemvPath::smem && a.rows <= 8) || (path == QuantGemvPath::smem1 && a.rows == 1)) && a.n > 0) {
         const QuantFusedArgs fa = qdetail::fused_of(a);
         if (qdetail::quant_smem_fits<F>(fa)) {
@@ -1723,6 +1738,12 @@ bool quant_linear_fused(const Ctx& c, const QuantFusedArgs& a, QuantGemvPath pat
             throw std::invalid_argument("quant_linear_fused: matrix " + std::to_string(m) + " lacks a tensor, an output or rows");
     if (!a.x) throw std::invalid_argument("quant_linear_fused: no input");
     if (path == QuantGemvPath::automatic) path = quant_gemv_mode();
+    if constexpr (F::kAffine) {
+        if (path == QuantGemvPath::tc1 && a.rows == 1 && qdetail::quant_mma1_fits<F>(a) &&
+            qdetail::launch_quant_mma1<F, SWIGLU, NORM>(c, a))
+            return true;
+    }
+    if (path == QuantGemvPath::tc1) path = QuantGemvPath::smem1;
     if (((path == QuantGemvPath::smem && a.rows <= 8) || (path == QuantGemvPath::smem1 && a.rows == 1)) &&
         qdetail::quant_smem_fits<F>(a)) {
         qdetail::launch_quant_smem<F, SWIGLU, NORM>(c, a);

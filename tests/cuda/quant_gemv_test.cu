@@ -175,11 +175,23 @@ void free_weights(DevWeights& w) {
 }
 
 constexpr int kMaxRows = 64;  // token rows of the largest check
-constexpr QuantGemvPath kPaths[] = {QuantGemvPath::smem, QuantGemvPath::mma, QuantGemvPath::simt};
-const char* name_of(QuantGemvPath p) { return p == QuantGemvPath::mma ? "mma" : p == QuantGemvPath::smem ? "smem" : "simt"; }
+constexpr QuantGemvPath kPaths[] = {QuantGemvPath::smem, QuantGemvPath::mma, QuantGemvPath::simt, QuantGemvPath::tc1};
+const char* name_of(QuantGemvPath p) {
+    return p == QuantGemvPath::mma ? "mma" : p == QuantGemvPath::smem ? "smem" : p == QuantGemvPath::tc1 ? "tc1" : "simt";
+}
 // Token rows whose bits must not depend on the batch: the smem kernel's regime is 1-8 rows (more
-// rows run on the tensor-core kernel), the others' any number.
-int invariance_rows(QuantGemvPath p) { return p == QuantGemvPath::smem ? 8 : kMaxRows; }
+// rows run on the tensor-core kernel), the others' any number. tc1 (the one-row tensor-core kernel)
+// is checked at one row only; its "invariance" is the same launch twice giving the same bits.
+int invariance_rows(QuantGemvPath p) { return p == QuantGemvPath::smem ? 8 : p == QuantGemvPath::tc1 ? 1 : kMaxRows; }
+// The one-row tensor-core kernel exists for the MLX int4 formats only.
+bool path_applies(QuantGemvPath p, Fmt f) {
+    return p != QuantGemvPath::tc1 || f == Fmt::int4_g32 || f == Fmt::int4_g64 || f == Fmt::int4_g128;
+}
+// tc1 must really run when asked for: its launcher records a split, cleared before each launch.
+void expect_tc1_ran(QuantGemvPath path, int rows) {
+    if (path != QuantGemvPath::tc1 || rows != 1) return;
+    if (qdetail::qmma1_last_split().warps == 0) die("the one-row tensor-core kernel declined the launch");
+}
 
 // The tensor-core path must really run when asked for (quant_linear would quietly take the SIMT one).
 template <class F>
@@ -188,7 +200,9 @@ void launch_as(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path) {
         die(text("the tensor-core path does not take %dx%d (or the pointers' alignment)", a.n, a.k));
     if (path == QuantGemvPath::smem && a.rows <= 8 && !qdetail::quant_smem_fits<F>(qdetail::fused_of(a)))
         die(text("the shared-memory path does not take %dx%d (or the pointers' alignment)", a.n, a.k));
+    qdetail::qmma1_last_split() = {0, 0};
     quant_linear<F>(c, a, path);
+    expect_tc1_ran(path, a.rows);
 }
 
 // The tensor-core kernel's K split in the last launch (SCR_CUDA_QUANT_SPLITK, qmma_split): "warps x
@@ -198,7 +212,7 @@ std::string split_of(QuantGemvPath path, int rows = 1) {
         return qdetail::qsmem_last_depth() ? text(" ks%d d%d", qdetail::qsmem_last_split(), qdetail::qsmem_last_depth())
                                            : text(" ks%d", qdetail::qsmem_last_split());
     if (path == QuantGemvPath::simt) return "";
-    const qdetail::QMmaSplit s = qdetail::qmma_last_split();
+    const qdetail::QMmaSplit s = path == QuantGemvPath::tc1 && rows == 1 ? qdetail::qmma1_last_split() : qdetail::qmma_last_split();
     return text(" %dx%d", s.warps, s.blocks);
 }
 
@@ -730,9 +744,11 @@ void launch_fused_as(const Ctx& c, const QuantFusedArgs& a, bool swiglu, QuantGe
     if (path == QuantGemvPath::smem && a.rows <= 8 && !qdetail::quant_smem_fits<F>(a))
         die(text("the shared-memory path declined k = %d", a.k));
     bool ran;
+    qdetail::qmma1_last_split() = {0, 0};
     if (swiglu) ran = a.norm_w ? quant_linear_fused<F, true, true>(c, a, path) : quant_linear_fused<F, true, false>(c, a, path);
     else ran = a.norm_w ? quant_linear_fused<F, false, true>(c, a, path) : quant_linear_fused<F, false, false>(c, a, path);
     if (!ran) die(text("the fused path declined k = %d", a.k));
+    expect_tc1_ran(path, a.rows);
 }
 void launch_fused(Fmt f, cudaStream_t st, const QuantFusedArgs& a, bool swiglu, QuantGemvPath path) {
     Ctx c;
@@ -836,8 +852,10 @@ int fused_checks(cudaStream_t st) {
                 return a;
             };
             const int nout = fc.swiglu ? 1 : nmat;
-            for (QuantGemvPath path : {QuantGemvPath::smem, QuantGemvPath::mma}) {
+            for (QuantGemvPath path : {QuantGemvPath::smem, QuantGemvPath::mma, QuantGemvPath::tc1}) {
+            if (!path_applies(path, f)) continue;
             for (int rows : check_rows) {
+                if (path == QuantGemvPath::tc1 && rows != 1) continue;
                 for (int m = 0; m < nout; ++m) CK(cudaMemset(y[m], 0xff, sizeof(float) * kMaxRows * fc.n[m]));
                 launch_fused(f, st, args(rows, 0, y), fc.swiglu, path);
                 CK(cudaGetLastError());
@@ -1058,6 +1076,7 @@ int main(int argc, char** argv) try {
             const Reference ref = reference(f, hw, n, k, hx);
             const size_t m = ref.rows_checked.size();
             for (QuantGemvPath path : kPaths) {
+                if (!path_applies(path, f)) continue;
                 auto args = [&](int rows, const float* xs, float* ys, bool epilogue, const float* res) {
                     QuantLinearArgs a;
                     a.q = w0.q;
@@ -1076,6 +1095,7 @@ int main(int argc, char** argv) try {
                 };
                 for (const Check& ck : checks) {
                     const int rows = ck.rows;
+                    if (path == QuantGemvPath::tc1 && rows != 1) continue;
                     CK(cudaMemset(y, 0xff, sizeof(float) * rows * n));  // NaN: unwritten outputs fail
                     launch(f, path, st, args(rows, x, y, ck.epilogue, residual));
                     CK(cudaGetLastError());
@@ -1095,7 +1115,8 @@ int main(int argc, char** argv) try {
                                 r += double(hbias[nn]) + double(hres[size_t(t) * n + nn]);
                                 b += std::fabs(double(hbias[nn])) + std::fabs(double(hres[size_t(t) * n + nn]));
                             }
-                            const bool on_mma = path == QuantGemvPath::mma || (path == QuantGemvPath::smem && rows > 8);
+                            const bool on_mma =
+                                path == QuantGemvPath::mma || path == QuantGemvPath::tc1 || (path == QuantGemvPath::smem && rows > 8);
                             const double tol = on_mma ? kMmaTolRel * b + kMmaTolAbs : kSimtTol * b;
                             const double e = std::fabs(out - r);
                             if (!(e <= tol)) ++wrong;
@@ -1166,6 +1187,7 @@ int main(int argc, char** argv) try {
                 int depth = -2;  // smem, one row: the ring depth forced (0: register path); -2: default
             };
             std::vector<Run> runs = {{f, QuantGemvPath::smem}, {f, QuantGemvPath::mma}, {f, QuantGemvPath::simt}};
+            if (path_applies(QuantGemvPath::tc1, f)) runs.insert(runs.begin(), Run{f, QuantGemvPath::tc1});
             for (int depth : {0, 2, 3, 4}) runs.push_back({f, QuantGemvPath::smem, depth});
             if (f == Fmt::fp8) {
                 // The conversion A/B: cvt.rn.f16x2.e4m3x2 instead of the bit path, same weights; it must
@@ -1196,7 +1218,7 @@ int main(int argc, char** argv) try {
             }
             for (const Run& run : runs)
                 for (int rows : bench_rows) {
-                    if (run.depth != -2 && rows != 1) continue;
+                    if ((run.depth != -2 || run.path == QuantGemvPath::tc1) && rows != 1) continue;
                     qdetail::qsmem_pipe_override() = run.depth;
                     const QuantGemvPath path = run.path;
                     const double us = time_us(st, std::max(2 * copies, 24), [&](int i) {
