@@ -25,38 +25,75 @@
 
 namespace scr::kernels::cuda::qdetail {
 
-constexpr int kMma1MaxWarps = 8;
+constexpr int kMma1Warps = 8;  // warps per block: T row tiles (SwiGLU: gate and up rows) x W parts of K, T W = 8
 
 // Per-format constants of the one-row kernel.
 template <class F>
 struct QMma1Shape {
-    static constexpr int GPC = 128 / F::kGroup;  // groups per 128-k chunk
-    static constexpr int SPC = 8 / GPC;          // chunks per span of 8 groups (the MMA's 8 columns)
+    static constexpr int GPC = 128 / F::kGroup;        // groups per 128-k chunk
+    static constexpr int SPC = 8 / GPC;                // chunks per span of 8 groups (the MMA's 8 columns)
     static constexpr int LPG = 4 * F::kWordsPerGroup;  // staging lanes per group (word-major, 4 per word)
-    static constexpr int kChunkBytes = 512;      // staged x per chunk: 16 (word, lane) x (hi[4], lo[4])
+    static constexpr int kEntryBytes = 32;             // one (word, lane) entry: 3 limbs x 2 B-registers, padded
 };
 
-// Dynamic shared memory of one block: per warp 32 zero bytes + its staged x, then every warp's group
-// sums, then the cross-warp partials (MT * 16 rows + the norm's sum of squares).
-template <class F>
-__host__ __device__ constexpr size_t qmma1_warp_bytes(int chunks_per_warp) {
-    return 32 + size_t(chunks_per_warp) * QMma1Shape<F>::kChunkBytes;
-}
+// Dynamic shared memory of one block for `chunks` 128-k chunks of x (all of K): 32 zero bytes, the
+// staged limbs, per group (sum of x, limb scale), the warps' sums of squares, the warps' row partials.
 template <class F, bool SWIGLU>
-__host__ __device__ constexpr size_t qmma1_smem(int warps, int chunks_per_warp) {
+__host__ __device__ constexpr size_t qmma1_smem(int warps, int chunks) {
     constexpr int MT = SWIGLU ? 2 : 1;
-    return size_t(warps) * (qmma1_warp_bytes<F>(chunks_per_warp) + size_t(chunks_per_warp) * QMma1Shape<F>::GPC * 4) +
-           size_t(warps) * (MT * 16 + 1) * 4;
+    return 32 + size_t(chunks) * 16 * QMma1Shape<F>::kEntryBytes + size_t(chunks) * QMma1Shape<F>::GPC * 8 +
+           size_t(warps + 1) * 4 + size_t(warps) * MT * 16 * 4;
 }
 
+// mma.m16n8k32, u8 weights (A, rows) x s8 activations (B, columns), exact int32 accumulation.
+__device__ __forceinline__ void qmma_u8s8_16832(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                                uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+// x as three signed 8-bit limbs of one power-of-two scale per group: x = s (l0 + l1 / 128 + l2 / 128^2)
+// + r, |r| <= s 2^-15 <= 2^-20 max|x of the group|. s = 2^(E - 6) with max|x| < 2^E, so |x / s| < 64
+// and every limb lies in [-64, 64]. Each limb is a round-to-nearest through the 1.5 * 2^23 trick: its
+// integer is the low byte of the sum's bits, and every residual is exact.
+struct QLimbs {
+    uint32_t l[3];  // limb L of values (v0, v1, v2, v3) in bytes 0..3
+};
+__device__ __forceinline__ uint32_t qlimb_bytes(float t0, float t1, float t2, float t3) {
+    const uint32_t lo = __byte_perm(__float_as_uint(t0), __float_as_uint(t1), 0x0040);
+    const uint32_t hi = __byte_perm(__float_as_uint(t2), __float_as_uint(t3), 0x0040);
+    return __byte_perm(lo, hi, 0x5410);
+}
+__device__ __forceinline__ QLimbs qlimbs4(float v0, float v1, float v2, float v3) {
+    constexpr float M = 12582912.0f;  // 1.5 * 2^23: adding it rounds |v| < 2^22 to an integer in the low bits
+    float v[4] = {v0, v1, v2, v3};
+    QLimbs r;
+#pragma unroll
+    for (int L = 0; L < 3; ++L) {
+        float t[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            t[i] = v[i] + M;
+            v[i] = (v[i] - (t[i] - M)) * 128.0f;  // the residual, exact
+        }
+        r.l[L] = qlimb_bytes(t[0], t[1], t[2], t[3]);
+    }
+    return r;
+}
+
+// kparts = W: the warps of one row tile, each a contiguous 1/W of K, added in part order.
 template <class F, bool SWIGLU, bool NORM>
-__global__ void __launch_bounds__(kMma1MaxWarps * kWarp, 2) quant_mma1_kernel(const __grid_constant__ QuantFusedArgs p) {
+__global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const __grid_constant__ QuantFusedArgs p, int kparts) {
     static_assert(F::kAffine, "the one-row tensor-core kernel is for the MLX int4 formats");
     using S = QMma1Shape<F>;
     using ST = typename F::Scale;
     constexpr int MT = SWIGLU ? 2 : 1;  // SwiGLU: tile 0 the gate's rows, tile 1 the up rows
-    constexpr int GPC = S::GPC, SPC = S::SPC, WPG = F::kWordsPerGroup, SWAP = F::kSwap;
-    constexpr int U = SWIGLU ? 1 : 2;  // chunks per load round, two rounds in flight (SwiGLU: two tiles per chunk)
+    constexpr int GPC = S::GPC, SPC = S::SPC, WPG = F::kWordsPerGroup, SWAP = F::kSwap, LPG = S::LPG;
+    constexpr int U = SWIGLU ? 1 : 2;  // chunks per load round, two rounds in flight
     extern __shared__ __align__(16) uint8_t qmma1_smem_raw[];
 
     int n_total = p.mat[0].n;
@@ -65,18 +102,21 @@ __global__ void __launch_bounds__(kMma1MaxWarps * kWarp, 2) quant_mma1_kernel(co
     const int nw = blockDim.x / kWarp;
     const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
     const int g = lane / 4, t = lane % 4;
-    const int CH = p.k / 128 / (nw * int(gridDim.z));  // chunks per warp
-    const int c_first = (int(blockIdx.z) * nw + warp) * CH;
-    const int row0 = blockIdx.y * 16;
+    // x of all of K staged once per block; warp = (tile, part): tile warp / W, chunks [c_first, + CH).
+    const int CHB = p.k / 128;
+    const int W = kparts, part = warp % W;
+    const int CH = CHB / W;
+    const int c_first = part * CH;
+    const int row0 = (int(blockIdx.y) * (nw / W) + warp / W) * 16;
+    const bool active = row0 < n_total;
     const size_t row_bytes = size_t(p.k) / 2;
     const int groups_per_row = p.k / F::kGroup;
 
-    uint8_t* wbase = qmma1_smem_raw + size_t(warp) * qmma1_warp_bytes<F>(CH);
-    const uint4* zero = reinterpret_cast<const uint4*>(wbase);
-    uint4* xs = reinterpret_cast<uint4*>(wbase + 32);  // [chunk][word * 4 + lane t][hi, lo]
-    float* xg = reinterpret_cast<float*>(qmma1_smem_raw + size_t(nw) * qmma1_warp_bytes<F>(CH)) + size_t(warp) * CH * GPC;
-    float* red = reinterpret_cast<float*>(qmma1_smem_raw + size_t(nw) * (qmma1_warp_bytes<F>(CH) + size_t(CH) * GPC * 4));
-    constexpr int kRed = MT * 16 + 1;
+    const uint4* zero = reinterpret_cast<const uint4*>(qmma1_smem_raw);
+    uint4* xs = reinterpret_cast<uint4*>(qmma1_smem_raw + 32);  // [chunk][word * 4 + lane t][2]
+    float2* xg = reinterpret_cast<float2*>(qmma1_smem_raw + 32 + size_t(CHB) * 16 * S::kEntryBytes);  // [group]
+    float* ssw = reinterpret_cast<float*>(xg + size_t(CHB) * GPC);  // [warp]
+    float* red = ssw + nw + 1;                                        // [warp][MT][16]
 
     const uint8_t* wrow[MT][2];
     const uint16_t* srow[MT][2];
@@ -106,9 +146,8 @@ __global__ void __launch_bounds__(kMma1MaxWarps * kWarp, 2) quant_mma1_kernel(co
                 for (int h = 0; h < 2; ++h) r.w[u][m][h] = load_stream16(wrow[m][h] + size_t(c0 + u) * 64);
         }
     };
-    // A span's scales and biases for this lane: rows g, g + 8 of each tile, the span's groups 2t, 2t + 1.
-    // Packed in pairs: group 2t in the low half, 2t + 1 in the high half (16-bit loads: a row's
-    // groups need not start 4-byte aligned).
+    // A span's scales and biases for this lane: rows g, g + 8 of each tile, the span's groups 2t and
+    // 2t + 1 packed in one register (16-bit loads: a row's groups need not start 4-byte aligned).
     struct Params {
         uint32_t s[MT][2], b[MT][2];
     };
@@ -126,25 +165,32 @@ __global__ void __launch_bounds__(kMma1MaxWarps * kWarp, 2) quant_mma1_kernel(co
     };
 
     Round ra, rb;
-    load_round(ra, 0);
     Params pc, pn;
-    load_params(pc, 0);
-    load_params(pn, 1);
+    if (active) {
+        load_round(ra, 0);
+        load_params(pc, 0);
+        load_params(pn, 1);
+    }
     pdl_wait();  // weights and scales never depend on an earlier kernel; x does
 
-    // Stage x: lanes 0-15 one chunk, 16-31 the next; lane e = 4 * word + t of its chunk holds the 8
-    // k of that word after the transpose (qmma_word_k), as the B fragments of both k-steps.
-    if (lane < 8) reinterpret_cast<float*>(wbase)[lane] = 0.0f;
-    float ss = 0.0f;  // folded RMSNorm: this lane's sum of x^2
+    // Stage x once per block: entry (chunk, word wd, lane t) holds the 8 k of that word after the
+    // transpose (qmma_word_k) as the B registers of one MMA per limb: bytes of k + 0, 2, 4, 6 (the low
+    // nibbles' k), then of k + 1, 3, 5, 7. A group's LPG entries sit in consecutive lanes.
+    if (threadIdx.x < 8) reinterpret_cast<float*>(qmma1_smem_raw)[threadIdx.x] = 0.0f;
+    float ss = 0.0f;  // folded RMSNorm: this thread's sum of x^2
 #pragma unroll 4
-    for (int it = 0; it < (CH + 1) / 2; ++it) {
-        const int cl = 2 * it + lane / 16, e = lane % 16;
-        float part = 0.0f;
-        if (cl < CH) {
-            const int k = (c_first + cl) * 128 + qmma_word_k<SWAP>(e % 4, e / 4);
+    for (int ent = threadIdx.x; ent - int(threadIdx.x) < CHB * 16; ent += blockDim.x) {
+        const int cl = ent / 16, e = ent % 16;
+        const bool valid = cl < CHB;
+        float xv[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) xv[i] = 0.0f;
+        if (valid) {
+            const int k = cl * 128 + qmma_word_k<SWAP>(e % 4, e / 4);
             const float4 x0 = __ldg(reinterpret_cast<const float4*>(p.x + k));
             const float4 x1 = __ldg(reinterpret_cast<const float4*>(p.x + k + 4));
-            float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+            xv[0] = x0.x; xv[1] = x0.y; xv[2] = x0.z; xv[3] = x0.w;
+            xv[4] = x1.x; xv[5] = x1.y; xv[6] = x1.z; xv[7] = x1.w;
             if constexpr (NORM) {
                 const float4 n0 = __ldg(reinterpret_cast<const float4*>(p.norm_w + k));
                 const float4 n1 = __ldg(reinterpret_cast<const float4*>(p.norm_w + k + 4));
@@ -155,40 +201,54 @@ __global__ void __launch_bounds__(kMma1MaxWarps * kWarp, 2) quant_mma1_kernel(co
                     xv[i] *= nv[i];
                 }
             }
-            uint32_t hi[4], lo[4];
+        }
+        float sum = 0.0f, mx = 0.0f;
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                qsplit_bf16x2(xv[q], xv[q + 4], hi[q], lo[q]);
-                part += f32_from_bits(hi[q] << 16) + f32_from_bits(lo[q] << 16);
-                part += f32_from_bits(hi[q] & 0xffff0000u) + f32_from_bits(lo[q] & 0xffff0000u);
-            }
-            xs[(cl * 16 + e) * 2] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-            xs[(cl * 16 + e) * 2 + 1] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        for (int i = 0; i < 8; ++i) {
+            sum += xv[i];
+            mx = fmaxf(mx, fabsf(xv[i]));
         }
 #pragma unroll
-        for (int o = 1; o < S::LPG; o *= 2) part += __shfl_xor_sync(0xffffffffu, part, o);
-        if (cl < CH && e % S::LPG == 0) xg[cl * GPC + e / S::LPG] = part;
+        for (int o = 1; o < LPG; o *= 2) {
+            sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        }
+        // s = 2^(E - 6), max|x| < 2^E (E from the exponent bits; tiny groups clamped, their limbs 0).
+        const int E = max(int((__float_as_uint(mx) >> 23) & 0xff) - 126, -100);
+        const float inv_s = __uint_as_float(uint32_t(127 + 6 - E) << 23);
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = xv[i] * inv_s;  // exact: a power of two, |v| < 64
+        const QLimbs even = qlimbs4(v[0], v[2], v[4], v[6]), odd = qlimbs4(v[1], v[3], v[5], v[7]);
+        if (valid) {
+            xs[size_t(ent) * 2] = make_uint4(even.l[0], odd.l[0], even.l[1], odd.l[1]);
+            xs[size_t(ent) * 2 + 1] = make_uint4(even.l[2], odd.l[2], 0u, 0u);
+            // (sum of x, s / 128^2): the bias term's X_g and the limb sums' scale.
+            if (e % LPG == 0) xg[cl * GPC + e / LPG] = make_float2(sum, __uint_as_float(uint32_t(127 + E - 6 - 14) << 23));
+        }
     }
-    __syncwarp();
+    if constexpr (NORM) {
+#pragma unroll
+        for (int o = 16; o >= 1; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0) ssw[warp] = ss;
+    }
+    __syncthreads();
 
-    float acc[MT][2];  // rows g, g + 8 of each tile, this lane's columns (groups 2t, 2t + 1) of every span
-    // The span's C fragments: four independent accumulators (x hi / lo, first / second k-step of a
-    // word), so consecutive MMAs do not wait for each other (one chain of 32 dependent MMAs per chunk
-    // became four of 8); added in a fixed order at the flush.
-    float cg[4][MT][4];
+    float acc[MT][2];  // rows g, g + 8 of each tile over this lane's columns (groups 2t, 2t + 1) of every span
+    int cg[3][MT][4];  // the span's C fragments, one per limb (independent MMA chains)
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
         acc[m][0] = acc[m][1] = 0.0f;
 #pragma unroll
-        for (int a = 0; a < 4; ++a)
+        for (int L = 0; L < 3; ++L)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) cg[a][m][e] = 0.0f;
+            for (int e = 0; e < 4; ++e) cg[L][m][e] = 0;
     }
     auto flush = [&](int span) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-            const int gl = span * 8 + 2 * t + j;
-            const float X = gl < CH * GPC ? xg[gl] : 0.0f;
+            const int gl = span * 8 + 2 * t + j;  // the warp's group
+            const float2 xgv = gl < CH * GPC ? xg[c_first * GPC + gl] : make_float2(0.0f, 0.0f);
 #pragma unroll
             for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -196,18 +256,18 @@ __global__ void __launch_bounds__(kMma1MaxWarps * kWarp, 2) quant_mma1_kernel(co
                     ST sv, bv;
                     sv.bits = uint16_t(pc.s[m][h] >> (16 * j));
                     bv.bits = uint16_t(pc.b[m][h] >> (16 * j));
-                    const float s = to_f32(sv), b = to_f32(bv);
                     const int e = 2 * h + j;
-                    const float c = (cg[0][m][e] + cg[1][m][e]) + (cg[2][m][e] + cg[3][m][e]);
-                    acc[m][h] = fmaf(s, fmaf(-128.0f, X, c), fmaf(b, X, acc[m][h]));
+                    // sum q x over the group = s (C0 + C1 / 128 + C2 / 128^2)
+                    const float c = fmaf(fmaf(float(cg[0][m][e]), 128.0f, float(cg[1][m][e])), 128.0f, float(cg[2][m][e]));
+                    acc[m][h] = fmaf(to_f32(sv), c * xgv.y, fmaf(to_f32(bv), xgv.x, acc[m][h]));
                 }
         }
 #pragma unroll
-        for (int a = 0; a < 4; ++a)
+        for (int L = 0; L < 3; ++L)
 #pragma unroll
             for (int m = 0; m < MT; ++m)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) cg[a][m][e] = 0.0f;
+                for (int e = 0; e < 4; ++e) cg[L][m][e] = 0;
         pc = pn;
         load_params(pn, span + 2);
     };
@@ -230,37 +290,35 @@ __global__ void __launch_bounds__(kMma1MaxWarps * kWarp, 2) quant_mma1_kernel(co
             const int col0 = (c % SPC) * GPC;
 #pragma unroll
             for (int wd = 0; wd < 4; ++wd) {
-                const uint4* xp = g == col0 + wd / WPG ? xs + (c * 16 + wd * 4 + t) * 2 : zero;  // zero: 32 bytes
-                const uint4 bh = xp[0], bl = xp[1];
+                const uint4* xp = g == col0 + wd / WPG ? xs + ((c_first + c) * 16 + wd * 4 + t) * 2 : zero;  // zero: 32 bytes
+                const uint4 b01 = xp[0];
+                const uint2 b2 = *reinterpret_cast<const uint2*>(xp + 1);
 #pragma unroll
                 for (int m = 0; m < MT; ++m) {
-                    uint32_t a0[4], a8[4];
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) {  // bf16 128 + q in each half: exact
-                        a0[q] = ((wq[m][0][wd] >> (4 * q)) & 0x000f000fu) | 0x43004300u;
-                        a8[q] = ((wq[m][1][wd] >> (4 * q)) & 0x000f000fu) | 0x43004300u;
-                    }
-                    qmma_bf16_16816(cg[0][m], a0[0], a8[0], a0[1], a8[1], bh.x, bh.y);
-                    qmma_bf16_16816(cg[1][m], a0[2], a8[2], a0[3], a8[3], bh.z, bh.w);
-                    qmma_bf16_16816(cg[2][m], a0[0], a8[0], a0[1], a8[1], bl.x, bl.y);
-                    qmma_bf16_16816(cg[3][m], a0[2], a8[2], a0[3], a8[3], bl.z, bl.w);
+                    // Low nibbles (k + 0, 2, 4, 6) and high nibbles (k + 1, 3, 5, 7) as bytes: exact u8.
+                    const uint32_t lo0 = wq[m][0][wd] & 0x0f0f0f0fu, hi0 = (wq[m][0][wd] >> 4) & 0x0f0f0f0fu;
+                    const uint32_t lo8 = wq[m][1][wd] & 0x0f0f0f0fu, hi8 = (wq[m][1][wd] >> 4) & 0x0f0f0f0fu;
+                    qmma_u8s8_16832(cg[0][m], lo0, lo8, hi0, hi8, b01.x, b01.y);
+                    qmma_u8s8_16832(cg[1][m], lo0, lo8, hi0, hi8, b01.z, b01.w);
+                    qmma_u8s8_16832(cg[2][m], lo0, lo8, hi0, hi8, b2.x, b2.y);
                 }
             }
             if (c % SPC == SPC - 1 || c == CH - 1) flush(c / SPC);
         }
     };
+    if (active) {
 #pragma unroll 1
-    for (int c0 = 0; c0 < CH; c0 += 2 * U) {
-        if (c0 + U < CH) load_round(rb, c0 + U);
-        mma_round(ra, c0);
-        if (c0 + U >= CH) break;
-        if (c0 + 2 * U < CH) load_round(ra, c0 + 2 * U);
-        mma_round(rb, c0 + U);
+        for (int c0 = 0; c0 < CH; c0 += 2 * U) {
+            if (c0 + U < CH) load_round(rb, c0 + U);
+            mma_round(ra, c0);
+            if (c0 + U >= CH) break;
+            if (c0 + 2 * U < CH) load_round(ra, c0 + 2 * U);
+            mma_round(rb, c0 + U);
+        }
     }
     pdl_trigger();
 
-    // Rows g, g + 8 over the 4 lanes t (their groups), then the warps in order, then the cluster's
-    // blocks in rank order: fixed for a shape.
+    // Rows g, g + 8 over the 4 lanes t (their groups), then the tile's W parts in order.
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -268,66 +326,45 @@ __global__ void __launch_bounds__(kMma1MaxWarps * kWarp, 2) quant_mma1_kernel(co
             acc[m][h] += __shfl_xor_sync(0xffffffffu, acc[m][h], 1);
             acc[m][h] += __shfl_xor_sync(0xffffffffu, acc[m][h], 2);
         }
-    if constexpr (NORM) {
+    if (W > 1) {
+        if (t == 0) {
 #pragma unroll
-        for (int o = 16; o >= 1; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    }
-    // red: [warp][MT * 16 rows + the sum of squares].
-    if (t == 0) {
+            for (int m = 0; m < MT; ++m) {
+                red[(warp * MT + m) * 16 + g] = acc[m][0];
+                red[(warp * MT + m) * 16 + g + 8] = acc[m][1];
+            }
+        }
+        __syncthreads();
+        if (part != 0 || !active || t != 0) return;
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-            red[warp * kRed + m * 16 + g] = acc[m][0];
-            red[warp * kRed + m * 16 + g + 8] = acc[m][1];
-        }
-    }
-    if (lane == 0) red[warp * kRed + MT * 16] = NORM ? ss : 0.0f;
-    __syncthreads();
-    float v = 0.0f, sq = 0.0f;  // warp 0: lane i < MT * 16 row slot i, every lane the sum of squares
-    if (warp == 0) {
-        for (int w = 0; w < nw; ++w) {
-            if (lane < MT * 16) v += red[w * kRed + lane];
-            if constexpr (NORM) sq += red[w * kRed + MT * 16];
-        }
-    }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (gridDim.z > 1) {
-        namespace cg_ns = cooperative_groups;
-        cg_ns::cluster_group cluster = cg_ns::this_cluster();
-        __syncthreads();  // every read of red[] is done before slot 0 is overwritten
-        if (warp == 0) {
-            if (lane < MT * 16) red[lane] = v;
-            if (lane == 0) red[MT * 16] = sq;
-        }
-        cluster.sync();
-        const unsigned rank = cluster.block_rank();
-        if (rank == 0 && warp == 0)
-            for (unsigned r = 1; r < cluster.num_blocks(); ++r) {
-                const float* remote = cluster.map_shared_rank(red, r);
-                if (lane < MT * 16) v += remote[lane];
-                if constexpr (NORM) sq += remote[MT * 16];
+            acc[m][0] = acc[m][1] = 0.0f;
+            for (int q = 0; q < W; ++q) {
+                acc[m][0] += red[((warp + q) * MT + m) * 16 + g];
+                acc[m][1] += red[((warp + q) * MT + m) * 16 + g + 8];
             }
-        cluster.sync();  // the other blocks' shared memory stays alive until block 0 has read it
-        if (rank != 0) return;
+        }
     }
-#endif
-    if (warp != 0) return;
+    if (!active || t != 0) return;
+    float sq = 0.0f;  // the sum of x^2 over K: the warps' staging sums in order
+    if constexpr (NORM)
+        for (int w = 0; w < nw; ++w) sq += ssw[w];
     float inv = 1.0f;
     if constexpr (NORM) inv = 1.0f / sqrtf(sq / float(p.k) + p.eps);
-    if constexpr (SWIGLU) {
-        const float up = __shfl_down_sync(0xffffffffu, v, 16);
-        const int row = row0 + lane;
-        if (lane < 16 && row < n_total) {
-            float gate = v, u = up;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        int row = row0 + g + 8 * h;
+        if (row >= n_total) continue;
+        if constexpr (SWIGLU) {
+            float gate = acc[0][h], up = acc[1][h];
             if constexpr (NORM) {
                 gate *= inv;
-                u *= inv;
+                up *= inv;
             }
-            p.mat[0].y[row] = silu(gate) * u;  // as silu_mul_kernel
-        }
-    } else {
-        int row = row0 + lane;
-        if (lane < 16 && row < n_total) {
+            p.mat[0].y[row] = silu(gate) * up;  // as silu_mul_kernel
+        } else {
             const QuantMat& mat = p.mat[qmat_of(p, row)];
+            float v = acc[0][h];
             if constexpr (NORM) v *= inv;
             if (mat.bias) v += mat.bias[row];
             if (p.residual) v = p.residual[row] + v;
@@ -353,24 +390,34 @@ bool quant_mma1_fits(const QuantFusedArgs& a) {
     }
 }
 
-// Warps of quant_mma1_kernel resident on the GPU in blocks of 8 warps (registers decide; shared
-// memory is checked per launch).
+// Warps of quant_mma1_kernel resident on the GPU in blocks of kMma1Warps (registers decide;
+// shared memory is checked per launch).
 template <class F, bool SWIGLU, bool NORM>
 int qmma1_resident_warps() {
     static const int warps = [] {
         int dev = 0, sms = 0, blocks = 0;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_mma1_kernel<F, SWIGLU, NORM>, kMma1MaxWarps * kWarp, 0);
-        return std::max(1, sms * blocks * kMma1MaxWarps);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_mma1_kernel<F, SWIGLU, NORM>, kMma1Warps * kWarp, 0);
+        return std::max(1, sms * blocks * kMma1Warps);
     }();
     return warps;
 }
 
-// The split of the last one-row tensor-core launch on this thread (the test prints it).
+// The split of the last one-row tensor-core launch on this thread (the test prints it): row tiles
+// per block x parts of K per tile.
 inline QMmaSplit& qmma1_last_split() {
     static thread_local QMmaSplit s;
     return s;
+}
+
+// Parts of K per row tile (W; the block holds 8 / W tiles): the fewest, so that x staged once per
+// block serves the most tiles, with which the launch still has ~4/5 of the GPU's resident warps
+// (or W = 8); whole chunks per part. Depends on the shape only.
+inline int qmma1_parts(int row_tiles, int chunks, int resident_warps) {
+    int w = 1;
+    while (w < kMma1Warps && int64_t(row_tiles) * w * 5 < int64_t(resident_warps) * 4 && chunks % (2 * w) == 0) w *= 2;
+    return w;
 }
 
 // Launches the one-row kernel; false (nothing launched) when its shared memory would not fit.
@@ -381,9 +428,9 @@ bool launch_quant_mma1(const Ctx& c, const QuantFusedArgs& a) {
         for (int m = 1; m < a.nmat; ++m) n_total += a.mat[m].n;
     const int row_tiles = ceil_div(n_total, 16);
     const int chunks = a.k / 128;
-    const QMmaSplit s = qmma_split(row_tiles, chunks, 1, qmma1_resident_warps<F, SWIGLU, NORM>());
-    const int per_warp = chunks / (s.warps * s.blocks);
-    const size_t smem = qmma1_smem<F, SWIGLU>(s.warps, per_warp);
+    const int parts = qmma1_parts(row_tiles, chunks, qmma1_resident_warps<F, SWIGLU, NORM>());
+    const int tiles_per_block = kMma1Warps / parts;
+    const size_t smem = qmma1_smem<F, SWIGLU>(kMma1Warps, chunks);
     static const int smem_max = [] {
         int dev = 0, v = 0;
         cudaGetDevice(&dev);
@@ -392,22 +439,9 @@ bool launch_quant_mma1(const Ctx& c, const QuantFusedArgs& a) {
         return v;
     }();
     if (smem > size_t(smem_max)) return false;
-    qmma1_last_split() = s;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(1, row_tiles, s.blocks);
-    cfg.blockDim = dim3(s.warps * kWarp);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = c.stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = c.pdl ? 1 : 0;
-    attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = 1;
-    attr[1].val.clusterDim.y = 1;
-    attr[1].val.clusterDim.z = s.blocks;
-    cfg.attrs = attr;
-    cfg.numAttrs = s.blocks > 1 ? 2 : 1;
-    cudaLaunchKernelEx(&cfg, quant_mma1_kernel<F, SWIGLU, NORM>, a);
+    qmma1_last_split() = QMmaSplit{tiles_per_block, parts};
+    launch_smem(c, quant_mma1_kernel<F, SWIGLU, NORM>, dim3(1, ceil_div(row_tiles, tiles_per_block)), dim3(kMma1Warps * kWarp), smem, a,
+                parts);
     return true;
 }
 
