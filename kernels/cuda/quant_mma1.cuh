@@ -1,25 +1,24 @@
-// One token row of an MLX int4 linear on tensor cores: quant_mma1_kernel (issue #9).
+// One token row of an MLX int4 linear on int8 tensor cores: quant_mma1_kernel (issue #9).
 //
 // Why a kernel of its own: at one token row the SIMT kernels are issue-bound, not memory-bound
 // (docs/CUDA.md, "Where the one-row shared-memory kernel's time goes": 4.3 thread instructions per
-// int4 weight, ~40 % of the packed-byte floor, while streaming at the floor leaves ~7 weights per
-// warp instruction). quant_mma_kernel spends its instructions on x at one row (every lane loads,
-// splits and sums the activations of its token column, 7 of 8 columns empty) and on per-group
-// shuffles. Here:
-//  * weights as the MMA's A operand exactly as quant_mma_kernel loads them (16-byte streaming loads,
-//    the same lane transpose, so word w of every lane lies in one group), nibble pairs as bf16x2
-//    128 + q by one LOP3 (no subtraction: the 128 is taken out per group below);
-//  * x (float32) is split once per warp into bf16 hi + lo B fragments in shared memory, with the
-//    group sums X_g = sum of (hi + lo) over the group (the same values the MMAs see);
-//  * the MMA's 8 columns carry 8 consecutive groups instead of 8 token rows: the lanes of column
-//    j supply x only for the k of group j (the others read 32 zero bytes), so C[row][j] is group j's
-//    sum of (128 + q) * x and the scales are applied once per 8 groups, on every lane, no shuffles:
-//        y += s_g * (C_g - 128 X_g) + b_g X_g        (C_g - 128 X_g in one fmaf: one rounding)
-//    A per-warp cost of ~25 warp instructions per 512 weights plus 4 MMAs, against ~100 before.
-//  * warps split K, then blocks of a cluster (qmma_split, as quant_mma_kernel), partial sums meet
-//    in a fixed order: a row's bits depend on the shape only (batch 1 has one kernel).
-// Error: x enters as hi + lo (~2^-17 relative), q exactly; the bound quant_gemv_test checks is the
-// tensor-core kernel's (2e-5 B + 1e-6, B = sum |x| (|s q| + |b|)).
+// int4 weight, ~40 % of the packed-byte floor), and quant_mma_kernel spends its instructions on x at
+// one row (every lane loads, splits and sums its token column, 7 of 8 columns empty) and on per-group
+// shuffles. Here (docs/CUDA.md, "Session 7: one token row on int8 tensor cores"):
+//  * weights as the A operand of mma.m16n8k32 u8 x s8 -> s32 (exact integer sums), loaded as
+//    quant_mma_kernel loads them (16-byte streaming loads, the same lane transpose, so word w of every
+//    lane lies in one group); a word's 8 nibbles are the two A registers w & 0x0f0f0f0f and
+//    (w >> 4) & 0x0f0f0f0f: 3 instructions;
+//  * x as three signed 8-bit limbs of one power-of-two scale per group (QLimbs: |residual| <= 2^-20
+//    of the group's max |x|), staged once per block in shared memory as the B registers;
+//  * the MMA's 8 columns carry 8 consecutive groups instead of 8 token rows: the lanes of column j
+//    supply x only for the k of group j (the others read 32 zero bytes), so C[row][j] is group j's
+//    sum of q * limb, and the scales are applied once per 8 groups, on every lane, no shuffles:
+//        y += s_g * scale_x,g * (C0 + C1 / 128 + C2 / 128^2) + b_g * X_g     (X_g = the group's sum of x)
+//  * a block is 8 warps: T row tiles x W parts of K (qmma1_parts), the parts added in order through
+//    shared memory: a row's bits depend on the shape only (one token row has this one kernel).
+// Error: x to 2^-20 of its group's max, q and the integer sums exact; quant_gemv_test checks the
+// tensor-core kernel's bound (2e-5 B + 1e-6, B = sum |x| (|s q| + |b|)).
 #pragma once
 // Included by quant_linear.cuh (after its qdetail helpers, before quant_linear()), not on its own.
 
