@@ -9,12 +9,13 @@
 //    quant_mma_kernel loads them (16-byte streaming loads, the same lane transpose, so word w of every
 //    lane lies in one group); a word's 8 nibbles are the two A registers w & 0x0f0f0f0f and
 //    (w >> 4) & 0x0f0f0f0f: 3 instructions;
-//  * x as three signed 8-bit limbs of one power-of-two scale per group (QLimbs: |residual| <= 2^-20
-//    of the group's max |x|), staged once per block in shared memory as the B registers;
+//  * x as the three base-256 digits of one integer per value, on one power-of-two scale per group
+//    (QDigits: one rounding add per value, |residual| <= 2^-20 of the group's max |x|), staged once per
+//    block in shared memory as the B registers;
 //  * the MMA's 8 columns carry 8 consecutive groups instead of 8 token rows: the lanes of column j
 //    supply x only for the k of group j (the others read 32 zero bytes), so C[row][j] is group j's
-//    sum of q * limb, and the scales are applied once per 8 groups, on every lane, no shuffles:
-//        y += s_g * scale_x,g * (C0 + C1 / 128 + C2 / 128^2) + b_g * X_g     (X_g = the group's sum of x)
+//    sum of q * digit, and the scales are applied once per 8 groups, on every lane, no shuffles:
+//        y += s_g * scale_x,g * (C0 + 256 C1 + 65536 C2) + b_g * X_g     (X_g = the group's sum of x)
 //  * a block is 8 warps: T row tiles x W parts of K (qmma1_parts), the parts added in order through
 //    shared memory: a row's bits depend on the shape only (one token row has this one kernel).
 // Error: x to 2^-20 of its group's max, q and the integer sums exact; quant_gemv_test checks the
@@ -32,11 +33,11 @@ struct QMma1Shape {
     static constexpr int GPC = 128 / F::kGroup;        // groups per 128-k chunk
     static constexpr int SPC = 8 / GPC;                // chunks per span of 8 groups (the MMA's 8 columns)
     static constexpr int LPG = 4 * F::kWordsPerGroup;  // staging lanes per group (word-major, 4 per word)
-    static constexpr int kEntryBytes = 32;             // one (word, lane) entry: 3 limbs x 2 B-registers, padded
+    static constexpr int kEntryBytes = 32;             // one (word, lane) entry: 3 digits x 2 B-registers, padded
 };
 
 // Dynamic shared memory of one block for `chunks` 128-k chunks of x (all of K): 32 zero bytes, the
-// staged limbs, per group (sum of x, limb scale), the warps' sums of squares, the warps' row partials.
+// staged digits, per group (sum of x, digit scale), the warps' sums of squares, the warps' row partials.
 template <class F, bool SWIGLU>
 __host__ __device__ constexpr size_t qmma1_smem(int warps, int chunks) {
     constexpr int MT = SWIGLU ? 2 : 1;
@@ -44,43 +45,43 @@ __host__ __device__ constexpr size_t qmma1_smem(int warps, int chunks) {
            size_t(warps + 1) * 4 + size_t(warps) * MT * 16 * 4;
 }
 
-// mma.m16n8k32, u8 weights (A, rows) x s8 activations (B, columns), exact int32 accumulation.
-__device__ __forceinline__ void qmma_u8s8_16832(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                                uint32_t b1) {
+// mma.m16n8k32, u8 weights (A, rows) x u8 / s8 activation digits (B, columns), exact int32 sums.
+template <bool SIGNED_B>
+__device__ __forceinline__ void qmma_u8_16832(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                              uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    if constexpr (SIGNED_B)
+        asm volatile(
+            "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    else
+        asm volatile(
+            "mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 #endif
 }
 
-// x as three signed 8-bit limbs of one power-of-two scale per group: x = s (l0 + l1 / 128 + l2 / 128^2)
-// + r, |r| <= s 2^-15 <= 2^-20 max|x of the group|. s = 2^(E - 6) with max|x| < 2^E, so |x / s| < 64
-// and every limb lies in [-64, 64]. Each limb is a round-to-nearest through the 1.5 * 2^23 trick: its
-// integer is the low byte of the sum's bits, and every residual is exact.
-struct QLimbs {
-    uint32_t l[3];  // limb L of values (v0, v1, v2, v3) in bytes 0..3
+// x as the three base-256 digits of one integer per value: x = s 2^-14 (d0 + 256 d1 + 65536 d2) + r,
+// s = 2^(E - 6) per group with max|x| < 2^E, |r| <= s 2^-15 <= 2^-20 of the group's max |x|; d0, d1 in
+// [0, 255], d2 in [-16, 15]. One rounding add per value: v = x 2^(20 - E) (exact, |v| < 2^20) plus
+// 1.5 * 2^23 leaves 2^22 + rint(v) in the low 24 bits, whose bytes are d0, d1 and d2 + 64 (48..79);
+// d2 + 64 -> d2 bytewise: XOR 0x40, and set bit 7 where bit 6 was clear.
+struct QDigits {
+    uint32_t d[3];  // digit j of values (v0, v1, v2, v3) in bytes 0..3
 };
-__device__ __forceinline__ uint32_t qlimb_bytes(float t0, float t1, float t2, float t3) {
-    const uint32_t lo = __byte_perm(__float_as_uint(t0), __float_as_uint(t1), 0x0040);
-    const uint32_t hi = __byte_perm(__float_as_uint(t2), __float_as_uint(t3), 0x0040);
-    return __byte_perm(lo, hi, 0x5410);
-}
-__device__ __forceinline__ QLimbs qlimbs4(float v0, float v1, float v2, float v3) {
-    constexpr float M = 12582912.0f;  // 1.5 * 2^23: adding it rounds |v| < 2^22 to an integer in the low bits
-    float v[4] = {v0, v1, v2, v3};
-    QLimbs r;
+__device__ __forceinline__ QDigits qdigits4(float v0, float v1, float v2, float v3) {
+    constexpr float M = 12582912.0f;  // 1.5 * 2^23
+    const uint32_t t0 = __float_as_uint(v0 + M), t1 = __float_as_uint(v1 + M), t2 = __float_as_uint(v2 + M),
+                   t3 = __float_as_uint(v3 + M);
+    QDigits r;
 #pragma unroll
-    for (int L = 0; L < 3; ++L) {
-        float t[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            t[i] = v[i] + M;
-            v[i] = (v[i] - (t[i] - M)) * 128.0f;  // the residual, exact
-        }
-        r.l[L] = qlimb_bytes(t[0], t[1], t[2], t[3]);
+    for (int j = 0; j < 3; ++j) {
+        const uint32_t sel = uint32_t(j) | uint32_t(4 + j) << 4;  // byte j of the first and second operand
+        r.d[j] = __byte_perm(__byte_perm(t0, t1, sel), __byte_perm(t2, t3, sel), 0x5410);
     }
+    r.d[2] = r.d[2] ^ 0x40404040u ^ ((~r.d[2] & 0x40404040u) << 1);
     return r;
 }
 
@@ -173,7 +174,7 @@ __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const
     pdl_wait();  // weights and scales never depend on an earlier kernel; x does
 
     // Stage x once per block: entry (chunk, word wd, lane t) holds the 8 k of that word after the
-    // transpose (qmma_word_k) as the B registers of one MMA per limb: bytes of k + 0, 2, 4, 6 (the low
+    // transpose (qmma_word_k) as the B registers of one MMA per digit: bytes of k + 0, 2, 4, 6 (the low
     // nibbles' k), then of k + 1, 3, 5, 7. A group's LPG entries sit in consecutive lanes.
     if (threadIdx.x < 8) reinterpret_cast<float*>(qmma1_smem_raw)[threadIdx.x] = 0.0f;
     float ss = 0.0f;  // folded RMSNorm: this thread's sum of x^2
@@ -212,17 +213,17 @@ __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const
             sum += __shfl_xor_sync(0xffffffffu, sum, o);
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
         }
-        // s = 2^(E - 6), max|x| < 2^E (E from the exponent bits; tiny groups clamped, their limbs 0).
+        // s = 2^(E - 6), max|x| < 2^E (E from the exponent bits; tiny groups clamped, their digits 0).
         const int E = max(int((__float_as_uint(mx) >> 23) & 0xff) - 126, -100);
-        const float inv_s = __uint_as_float(uint32_t(127 + 6 - E) << 23);
+        const float inv = __uint_as_float(uint32_t(127 + 20 - E) << 23);  // 2^14 / s
         float v[8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = xv[i] * inv_s;  // exact: a power of two, |v| < 64
-        const QLimbs even = qlimbs4(v[0], v[2], v[4], v[6]), odd = qlimbs4(v[1], v[3], v[5], v[7]);
+        for (int i = 0; i < 8; ++i) v[i] = xv[i] * inv;  // exact: a power of two, |v| < 2^20
+        const QDigits even = qdigits4(v[0], v[2], v[4], v[6]), odd = qdigits4(v[1], v[3], v[5], v[7]);
         if (valid) {
-            xs[size_t(ent) * 2] = make_uint4(even.l[0], odd.l[0], even.l[1], odd.l[1]);
-            xs[size_t(ent) * 2 + 1] = make_uint4(even.l[2], odd.l[2], 0u, 0u);
-            // (sum of x, s / 128^2): the bias term's X_g and the limb sums' scale.
+            xs[size_t(ent) * 2] = make_uint4(even.d[0], odd.d[0], even.d[1], odd.d[1]);
+            xs[size_t(ent) * 2 + 1] = make_uint4(even.d[2], odd.d[2], 0u, 0u);
+            // (sum of x, s 2^-14): the bias term's X_g and the digit sums' scale.
             if (e % LPG == 0) xg[cl * GPC + e / LPG] = make_float2(sum, __uint_as_float(uint32_t(127 + E - 6 - 14) << 23));
         }
     }
@@ -234,7 +235,7 @@ __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const
     __syncthreads();
 
     float acc[MT][2];  // rows g, g + 8 of each tile over this lane's columns (groups 2t, 2t + 1) of every span
-    int cg[3][MT][4];  // the span's C fragments, one per limb (independent MMA chains)
+    int cg[3][MT][4];  // the span's C fragments, one per digit (independent MMA chains)
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
         acc[m][0] = acc[m][1] = 0.0f;
@@ -256,8 +257,8 @@ __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const
                     sv.bits = uint16_t(pc.s[m][h] >> (16 * j));
                     bv.bits = uint16_t(pc.b[m][h] >> (16 * j));
                     const int e = 2 * h + j;
-                    // sum q x over the group = s (C0 + C1 / 128 + C2 / 128^2)
-                    const float c = fmaf(fmaf(float(cg[0][m][e]), 128.0f, float(cg[1][m][e])), 128.0f, float(cg[2][m][e]));
+                    // sum q x over the group = s 2^-14 (C0 + 256 C1 + 65536 C2)
+                    const float c = fmaf(fmaf(float(cg[2][m][e]), 256.0f, float(cg[1][m][e])), 256.0f, float(cg[0][m][e]));
                     acc[m][h] = fmaf(to_f32(sv), c * xgv.y, fmaf(to_f32(bv), xgv.x, acc[m][h]));
                 }
         }
@@ -297,9 +298,9 @@ __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const
                     // Low nibbles (k + 0, 2, 4, 6) and high nibbles (k + 1, 3, 5, 7) as bytes: exact u8.
                     const uint32_t lo0 = wq[m][0][wd] & 0x0f0f0f0fu, hi0 = (wq[m][0][wd] >> 4) & 0x0f0f0f0fu;
                     const uint32_t lo8 = wq[m][1][wd] & 0x0f0f0f0fu, hi8 = (wq[m][1][wd] >> 4) & 0x0f0f0f0fu;
-                    qmma_u8s8_16832(cg[0][m], lo0, lo8, hi0, hi8, b01.x, b01.y);
-                    qmma_u8s8_16832(cg[1][m], lo0, lo8, hi0, hi8, b01.z, b01.w);
-                    qmma_u8s8_16832(cg[2][m], lo0, lo8, hi0, hi8, b2.x, b2.y);
+                    qmma_u8_16832<false>(cg[0][m], lo0, lo8, hi0, hi8, b01.x, b01.y);
+                    qmma_u8_16832<false>(cg[1][m], lo0, lo8, hi0, hi8, b01.z, b01.w);
+                    qmma_u8_16832<true>(cg[2][m], lo0, lo8, hi0, hi8, b2.x, b2.y);
                 }
             }
             if (c % SPC == SPC - 1 || c == CH - 1) flush(c / SPC);
