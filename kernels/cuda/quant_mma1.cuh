@@ -420,6 +420,16 @@ inline int qmma1_parts(int row_tiles, int chunks, int resident_warps) {
     return w;
 }
 
+// SCR_CUDA_QUANT_TC1_PARTS=W (1, 2, 4, 8) replaces the rule above, for A/B runs (a row's bits depend on W).
+inline int qmma1_parts_override() {
+    static const int v = [] {
+        const char* e = std::getenv("SCR_CUDA_QUANT_TC1_PARTS");
+        const int w = e && *e ? std::atoi(e) : 0;
+        return w == 1 || w == 2 || w == 4 || w == 8 ? w : 0;
+    }();
+    return v;
+}
+
 // Launches the one-row kernel; false (nothing launched) when its shared memory would not fit.
 template <class F, bool SWIGLU, bool NORM>
 bool launch_quant_mma1(const Ctx& c, const QuantFusedArgs& a) {
@@ -428,7 +438,8 @@ bool launch_quant_mma1(const Ctx& c, const QuantFusedArgs& a) {
         for (int m = 1; m < a.nmat; ++m) n_total += a.mat[m].n;
     const int row_tiles = ceil_div(n_total, 16);
     const int chunks = a.k / 128;
-    const int parts = qmma1_parts(row_tiles, chunks, qmma1_resident_warps<F, SWIGLU, NORM>());
+    const int forced = qmma1_parts_override();
+    const int parts = forced > 0 && chunks % forced == 0 ? forced : qmma1_parts(row_tiles, chunks, qmma1_resident_warps<F, SWIGLU, NORM>());
     const int tiles_per_block = kMma1Warps / parts;
     const size_t smem = qmma1_smem<F, SWIGLU>(kMma1Warps, chunks);
     static const int smem_max = [] {
