@@ -3,7 +3,8 @@
 # llama.cpp), and a same-binary A/B of a switch, in one call of the run tool:
 #   OUT=$OUT [AB_ENV=SCR_CUDA_FUSED_SPLIT=0] [MODELS="8b 1b"] [BENCH_BATCHES="16 64 256"] [NCU=1] [NCU_BATCHES="64 16"] \
 #       [NCU_EXTRA="--cache-control none"] bash tests/cuda/batched_profile.sh CARRY_DIR
-# CARRY_DIR/bin.tar.xz: scr of a CUDA build holding llama-3.1-8b and llama-3.2-1b (bf16), and
+# CARRY_DIR/bin.tar.xz: scr of a CUDA build holding the MODELS (bf16; 8b = llama-3.1-8b, 1b =
+# llama-3.2-1b, 30b = qwen3-30b-a3b, 61 GB in /dev/shm), and
 # optionally scr_cuda_linear (run first when present).
 #  * `scr bench --mode forward`: prefill of 2,048 tokens, then decode at B = 16/64/256, context 192
 #    (CUDA graphs; B x vocab logits copied to the host every step), with the defaults and with
@@ -25,9 +26,9 @@ if [ -x $C/scr_cuda_linear ]; then
     grep -E "FAIL|passed|batch-invariant|error" "$LOGS/linear.txt" | head -20
 fi
 for m in ${MODELS:-8b 1b}; do
-    if [ $m = 8b ]; then cfg=llama-3.1-8b; else cfg=llama-3.2-1b; fi
+    case $m in 8b) cfg=llama/llama-3.1-8b ;; 30b) cfg=qwen3_moe/qwen3-30b-a3b ;; *) cfg=llama/llama-3.2-1b ;; esac
     M=/dev/shm/l$m
-    step "make_random_$m" 60 $C/scr make-random models/configs/llama/$cfg.json $M --dtype bf16
+    step "make_random_$m" 90 $C/scr make-random models/configs/$cfg.json $M --dtype bf16
     for B in ${BENCH_BATCHES-16 64 256}; do
         for v in default ab; do
             env=(); [ $v = ab ] && env=($AB_ENV)
