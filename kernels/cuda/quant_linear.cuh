@@ -501,6 +501,16 @@ __device__ __forceinline__ void qxpose(uint32_t (&v)[4], int t) {
         }
     }
 }
+// A lane's 16 bytes of one 128-k chunk as 4 words, transposed so that word w lies in group
+// w / (G / 32) of the chunk (the tensor-core kernels' A operand; qmma_word_k gives each word's k).
+template <int SWAP>
+__device__ __forceinline__ void qchunk_words(const uint4& v, int t, uint32_t (&w)[4]) {
+    w[0] = v.x;
+    w[1] = v.y;
+    w[2] = v.z;
+    w[3] = v.w;
+    qxpose<SWAP>(w, t);
+}
 
 // The 8 nibbles of a word as 4 bf16x2 registers: register p holds nibbles p (low half) and p + 4.
 __host__ __device__ __forceinline__ void qunpack_u4_bf16(uint32_t w, uint32_t (&a)[4]) {
@@ -672,13 +682,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const _
 #pragma unroll
                 for (int m = 0; m < MT; ++m)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        wq[m][h][0] = r.w[u][m][h].x;
-                        wq[m][h][1] = r.w[u][m][h].y;
-                        wq[m][h][2] = r.w[u][m][h].z;
-                        wq[m][h][3] = r.w[u][m][h].w;
-                        qxpose<F::kSwap>(wq[m][h], t);
-                    }
+                    for (int h = 0; h < 2; ++h) qchunk_words<F::kSwap>(r.w[u][m][h], t, wq[m][h]);
                 float cg[MT][TN][4], xs[TN];
 #pragma unroll
                 for (int wd = 0; wd < 4; ++wd) {

@@ -280,13 +280,7 @@ __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const
 #pragma unroll
             for (int m = 0; m < MT; ++m)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    wq[m][h][0] = r.w[u][m][h].x;
-                    wq[m][h][1] = r.w[u][m][h].y;
-                    wq[m][h][2] = r.w[u][m][h].z;
-                    wq[m][h][3] = r.w[u][m][h].w;
-                    qxpose<SWAP>(wq[m][h], t);
-                }
+                for (int h = 0; h < 2; ++h) qchunk_words<SWAP>(r.w[u][m][h], t, wq[m][h]);
             const int col0 = (c % SPC) * GPC;
 #pragma unroll
             for (int wd = 0; wd < 4; ++wd) {
