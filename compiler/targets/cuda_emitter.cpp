@@ -74,7 +74,9 @@ public:
             if (op.kind == ir::OpKind::moe) {
                 const int64_t e = int64_t(op.attr.at("experts")), k = int64_t(op.attr.at("top_k"));
                 const int64_t f = int64_t(op.attr.at("ffn")), h = int64_t(op.attr.at("hidden"));
-                moe_ws = std::max(moe_ws, b_.params.max_batch_tokens * (e + 2 * k + k * f + k * h) + 64);
+                // kernels/cuda/moe.cuh: moe_workspace_floats (the grouping scratch: moe_group_floats)
+                const int64_t r = b_.params.max_batch_tokens, pairs = r * k;
+                moe_ws = std::max(moe_ws, r * (e + 2 * k + k * f + k * h) + 64 + pairs + 8 + 4 * (pairs + e));
             }
         for (auto& op : g_.ops)  // gate and up rows of a quantized SwiGLU (kernels/cuda/quant_ops.cuh)
             if (op.kind == ir::OpKind::linear_swiglu && quantized_op(op))

@@ -4,20 +4,25 @@
 // pointer table, and a combine that sums a row's expert outputs in expert order (as
 // kernels/cpu/moe.hpp does), adding the residual.
 //
-// Workspace (floats, model-owned, sized by the compiler for max_batch_tokens rows):
-// logits R*E | top-k ids R*K | top-k weights R*K | activations R*K*F | expert outputs R*K*H.
+// With bf16 experts the MLPs run as grouped GEMMs instead (kernels/cuda/moe_gemm.cuh).
+//
+// Workspace (floats, model-owned, sized by the compiler for max_batch_tokens rows; the CUDA
+// emitter's copy of this formula must agree): logits R*E | top-k ids R*K | top-k weights R*K |
+// activations R*K*F | expert outputs R*K*H | grouping (moe_group_floats).
 #pragma once
 
 #include <cstdlib>
 #include <cstring>
 
 #include "kernels/cuda/linear.cuh"
+#include "kernels/cuda/moe_gemm.cuh"
 
 namespace scr::kernels::cuda {
 
 template <int H, int F, int E, int TOPK>
 constexpr int64_t moe_workspace_floats(int64_t rows) {
-    return rows * (E + 2 * TOPK + int64_t(TOPK) * F + int64_t(TOPK) * H) + 64;
+    // logits, ids, weights, then moe_experts_floats (activations, outputs, grouping), with slack
+    return rows * (E + 2 * TOPK + int64_t(TOPK) * F + int64_t(TOPK) * H) + 64 + moe_group_floats<E>(rows * TOPK);
 }
 
 namespace detail {
@@ -219,6 +224,32 @@ inline bool moe_route_serial() {
     return serial;
 }
 
+// The experts' SwiGLU MLPs of every (row, pick) pair and their weighted sum per row (+ residual),
+// given the routing: grouped GEMMs (bf16 experts, from half a pair per expert) or per-pair GEMVs. `ws` holds the
+// activations, the expert outputs and the grouping scratch (moe_experts_floats).
+template <int H, int F, int E, int TOPK>
+constexpr int64_t moe_experts_floats(int64_t rows) {
+    return rows * TOPK * (int64_t(F) + H) + 4 + moe_group_floats<E>(rows * TOPK);
+}
+
+template <int H, int F, int E, int TOPK, typename WT>
+void moe_experts(const Ctx& c, int rows, const float* x, const void* const* experts, const int32_t* top_id, const float* top_w,
+                 const float* residual, float* out, float* ws) {
+    // 16-byte aligned rows for the vector loads
+    float* act = ws + (4 - (reinterpret_cast<uintptr_t>(ws) / 4) % 4) % 4;
+    float* y = act + size_t(rows) * TOPK * F;
+    float* group = y + size_t(rows) * TOPK * H;
+    bool grouped = false;
+    if constexpr (moe_gemm_fits<H, F, WT>()) grouped = moe_gemm_wanted(rows * TOPK, E);
+    if (grouped) {
+        if constexpr (moe_gemm_fits<H, F, WT>()) moe_experts_grouped<H, F, E, TOPK>(c, rows, x, experts, top_id, act, y, group);
+    } else {
+        detail::moe_up_kernel<H, F, TOPK, WT><<<dim3(ceil_div(F, 8), rows * TOPK), 256, 0, c.stream>>>(x, experts, top_id, act);
+        detail::moe_down_kernel<H, F, WT><<<dim3(ceil_div(H, 8), rows * TOPK), 256, 0, c.stream>>>(act, experts, top_id, y);
+    }
+    detail::moe_combine_kernel<H, TOPK><<<dim3(ceil_div(H, 128), rows), 128, 0, c.stream>>>(rows, top_id, top_w, y, residual, out);
+}
+
 template <int H, int F, int E, int TOPK, bool NORMALIZE, typename WT, typename RT>
 void moe(const Ctx& c, int rows, const float* x, const RT* router, const void* const* experts, const float* residual, float* out,
          float* ws) {
@@ -227,19 +258,13 @@ void moe(const Ctx& c, int rows, const float* x, const RT* router, const void* c
     float* logits = ws;
     int32_t* top_id = reinterpret_cast<int32_t*>(logits + size_t(rows) * E);
     float* top_w = reinterpret_cast<float*>(top_id + size_t(rows) * TOPK);
-    // 16-byte aligned rows for the vector loads
-    float* act = top_w + size_t(rows) * TOPK;
-    act += (4 - (reinterpret_cast<uintptr_t>(act) / 4) % 4) % 4;
-    float* y = act + size_t(rows) * TOPK * F;
     linear<E, H, RT>(c, rows, x, router, nullptr, nullptr, logits);
     if (moe_route_serial())
         detail::moe_route_kernel<E, TOPK, NORMALIZE><<<ceil_div(rows, 128), 128, 0, c.stream>>>(rows, logits, top_id, top_w);
     else
         detail::moe_route_warp_kernel<E, TOPK, NORMALIZE>
             <<<ceil_div(rows, detail::kRouteWarps), detail::kRouteWarps * kWarp, 0, c.stream>>>(rows, logits, top_id, top_w);
-    detail::moe_up_kernel<H, F, TOPK, WT><<<dim3(ceil_div(F, 8), rows * TOPK), 256, 0, c.stream>>>(x, experts, top_id, act);
-    detail::moe_down_kernel<H, F, WT><<<dim3(ceil_div(H, 8), rows * TOPK), 256, 0, c.stream>>>(act, experts, top_id, y);
-    detail::moe_combine_kernel<H, TOPK><<<dim3(ceil_div(H, 128), rows), 128, 0, c.stream>>>(rows, top_id, top_w, y, residual, out);
+    moe_experts<H, F, E, TOPK, WT>(c, rows, x, experts, top_id, top_w, residual, out, top_w + size_t(rows) * TOPK);
 }
 
 }  // namespace scr::kernels::cuda

@@ -33,6 +33,13 @@ inline int& moe_route_override() {
     return v;
 }
 
+// MoE expert MLPs (kernels/cuda/moe_gemm.cuh, moe_gemm_wanted): -1: SCR_CUDA_MOE_GEMM or the row
+// rule decides, 0: per-(row, expert) GEMVs, 1: grouped GEMMs where the experts' dtype and shapes allow.
+inline int& moe_gemm_override() {
+    static int v = -1;
+    return v;
+}
+
 struct DevStep {
     const int32_t* header = nullptr;        // [kHeaderInts]
     const int32_t* token_ids = nullptr;     // [launch rows]; padding rows hold 0

@@ -1,0 +1,328 @@
+// Grouped expert GEMMs for the MoE MLP (bf16 experts). The per-(row, expert) GEMVs of moe.cuh
+// read an expert's weights once for every row that picked it: fine for one decode row, but a
+// 2k-token Qwen3-30B-A3B prefill step picks each of 128 experts ~128 times and spent 90 % of its
+// time re-reading experts from L2. Here the step's (row, expert) pairs are grouped by expert and
+// each weight tile is streamed once per chunk of up to 8 TN pairs, on the tensor cores.
+//
+// moe_group_kernel (one block): counts the pairs per expert, lays the pair ids out expert by expert
+// (`order`), and cuts each expert's run into chunks of at most CR pairs (MoeChunk), writing the
+// chunk count to device memory: the launches after it read their work from there, so a captured
+// decode graph stays valid whatever the routing.
+// moe_gemm_kernel: a persistent grid over (chunk, 16 MT weight rows) items. Per item the arithmetic
+// is the MMA linear's (mma_linear_kernel in linear.cuh): weights as the A operand of mma.m16n8k16,
+// x as bf16 hi + lo (~2^-17 relative), fixed K slices per warp and a fixed tree over the warps. A
+// pair occupies one MMA column, and a column's sum does not depend on the other columns, so a pair
+// gets the same bits whichever chunk, column or tile width TN it lands in: batch-invariant.
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/cuda/linear.cuh"
+
+namespace scr::kernels::cuda {
+
+struct MoeChunk {
+    int expert, first, count, pad;  // pairs order[first .. first + count) of one expert
+};
+
+// Grouped-expert scratch after the activations and expert outputs (floats): order (pairs), the
+// chunk count (+ padding to 16 bytes), the chunk table (at most pairs + experts entries of 4 ints).
+template <int E>
+constexpr int64_t moe_group_floats(int64_t pairs) {
+    return pairs + 8 + 4 * (pairs + E);
+}
+
+namespace detail {
+
+// Chunk size in pairs of a TN-column GEMM launch.
+constexpr int moe_chunk_pairs(int tn) { return tn * 8; }
+
+template <int E, int CR>
+__global__ void __launch_bounds__(1024) moe_group_kernel(int pairs, const int32_t* __restrict__ top_id, int32_t* __restrict__ order,
+                                                         MoeChunk* __restrict__ chunks, int32_t* __restrict__ n_chunks) {
+    __shared__ int count[E], first[E], cursor[E], chunk0[E];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        count[e] = 0;
+        cursor[e] = 0;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < pairs; i += blockDim.x) atomicAdd(&count[top_id[i]], 1);
+    __syncthreads();
+    if (threadIdx.x < kWarp) {  // exclusive scans of the pair and chunk counts, one warp
+        constexpr int kPer = (E + kWarp - 1) / kWarp;
+        const int lane = threadIdx.x;
+        int s = 0, c = 0;
+        for (int j = 0; j < kPer; ++j) {
+            const int e = lane * kPer + j;
+            if (e < E) {
+                s += count[e];
+                c += (count[e] + CR - 1) / CR;
+            }
+        }
+        int si = s, ci = c;
+#pragma unroll
+        for (int o = 1; o < kWarp; o <<= 1) {
+            const int a = __shfl_up_sync(0xffffffffu, si, o), b = __shfl_up_sync(0xffffffffu, ci, o);
+            if (lane >= o) {
+                si += a;
+                ci += b;
+            }
+        }
+        int at = si - s, nc = ci - c;
+        for (int j = 0; j < kPer; ++j) {
+            const int e = lane * kPer + j;
+            if (e < E) {
+                first[e] = at;
+                chunk0[e] = nc;
+                at += count[e];
+                nc += (count[e] + CR - 1) / CR;
+            }
+        }
+        if (lane == kWarp - 1) *n_chunks = ci;
+    }
+    __syncthreads();
+    // A pair's slot inside its expert's run follows the atomics' order: harmless, since the column a
+    // pair lands in does not change its bits (see the top of this file).
+    for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+        const int e = top_id[i];
+        order[first[e] + atomicAdd(&cursor[e], 1)] = i;
+    }
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        for (int j = 0; j * CR < count[e]; ++j) chunks[chunk0[e] + j] = MoeChunk{e, first[e] + j * CR, min(CR, count[e] - j * CR), 0};
+}
+
+// out[pair][n] = x[pair / XDIV] . W_MAT[n] (SWIGLU: silu(x . W_MAT[n]) * (x . W_MAT+1[n])), for every
+// pair of every chunk. The up projection reads the token's row (XDIV = top_k) and the gate and up
+// matrices (MAT 0, 1); the down projection reads the pair's activation row (XDIV = 1), matrix 2.
+template <int K, int N, int TN, bool SWIGLU, int XDIV, int MAT>
+__global__ void __launch_bounds__(mma_warps(K) * kWarp)
+    moe_gemm_kernel(const float* __restrict__ x, const void* const* __restrict__ experts, const int32_t* __restrict__ order,
+                    const MoeChunk* __restrict__ chunks, const int32_t* __restrict__ n_chunks, float* __restrict__ out) {
+    using S = MmaShape<K, TN, SWIGLU>;
+    constexpr int NW = S::NW, KW = S::KW, CH = S::CH, NA = S::NA, MT = S::MT, U = S::U;
+    static_assert(KW % 32 == 0, "the grouped expert GEMM needs K % 32 == 0");
+    static_assert(N % (kMmaRows * MT) == 0, "the grouped expert GEMM needs whole 16-row weight tiles");
+    constexpr int kTiles = N / (kMmaRows * MT);
+    constexpr int kVals = NA * MT * TN * 4;
+    __shared__ float red[NW > 1 ? NW / 2 : 1][kVals][kWarp];
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    const int g = lane / 4, t = lane % 4;
+    const int items = *n_chunks * kTiles;
+
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+        const MoeChunk ch = chunks[item / kTiles];
+        const int nl = (item % kTiles) * (kMmaRows * MT);
+        const bf16_t* wbase[NA];
+        wbase[0] = static_cast<const bf16_t*>(experts[3 * ch.expert + MAT]) + size_t(nl + g) * K + warp * KW + 8 * t;
+        if constexpr (SWIGLU) wbase[1] = static_cast<const bf16_t*>(experts[3 * ch.expert + MAT + 1]) + size_t(nl + g) * K + warp * KW + 8 * t;
+        // Lane's token column g of each 8-column group: its x row from this warp's K slice on.
+        const float* xr[TN];
+#pragma unroll
+        for (int n = 0; n < TN; ++n) {
+            const int i = n * 8 + g;
+            xr[n] = i < ch.count ? x + size_t(order[ch.first + i] / XDIV) * K + warp * KW + 8 * t : nullptr;
+        }
+
+        float acc[NA][MT][TN][4];
+#pragma unroll
+        for (int a = 0; a < NA; ++a)
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int n = 0; n < TN; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[a][m][n][e] = 0.0f;
+
+        using WRegs = uint4[NA][MT][U][2];  // rows g and g + 8 of each tile
+        auto load_round = [&](WRegs& w, int c0) {
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int a = 0; a < NA; ++a)
+#pragma unroll
+                    for (int m = 0; m < MT; ++m) {
+                        const bf16_t* r = wbase[a] + size_t(16 * m) * K + (c0 + u) * 32;
+                        w[a][m][u][0] = load_stream16(r);
+                        w[a][m][u][1] = load_stream16(r + size_t(8) * K);
+                    }
+        };
+        auto mma_round = [&](const WRegs& w, int c0) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+#pragma unroll
+                for (int n = 0; n < TN; ++n) {
+                    float xv[8];
+                    if (xr[n]) {
+                        const float4 x0 = *reinterpret_cast<const float4*>(xr[n] + (c0 + u) * 32);
+                        const float4 x1 = *reinterpret_cast<const float4*>(xr[n] + (c0 + u) * 32 + 4);
+                        xv[0] = x0.x; xv[1] = x0.y; xv[2] = x0.z; xv[3] = x0.w;
+                        xv[4] = x1.x; xv[5] = x1.y; xv[6] = x1.z; xv[7] = x1.w;
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) xv[i] = 0.0f;
+                    }
+                    uint32_t bh[4], bl[4];
+#pragma unroll
+                    for (int i = 0; i < 8; i += 2) {
+                        const float h0 = __bfloat162float(__float2bfloat16_rn(xv[i]));
+                        const float h1 = __bfloat162float(__float2bfloat16_rn(xv[i + 1]));
+                        bh[i / 2] = pack_bf16x2(h0, h1);
+                        bl[i / 2] = pack_bf16x2(xv[i] - h0, xv[i + 1] - h1);
+                    }
+#pragma unroll
+                    for (int a = 0; a < NA; ++a)
+#pragma unroll
+                        for (int m = 0; m < MT; ++m) {
+                            const uint4& r0 = w[a][m][u][0];
+                            const uint4& r8 = w[a][m][u][1];
+                            mma_bf16_16816(acc[a][m][n], r0.x, r8.x, r0.y, r8.y, bh[0], bh[1]);
+                            mma_bf16_16816(acc[a][m][n], r0.z, r8.z, r0.w, r8.w, bh[2], bh[3]);
+                            mma_bf16_16816(acc[a][m][n], r0.x, r8.x, r0.y, r8.y, bl[0], bl[1]);
+                            mma_bf16_16816(acc[a][m][n], r0.z, r8.z, r0.w, r8.w, bl[2], bl[3]);
+                        }
+                }
+            }
+        };
+        if constexpr (S::kPipe) {
+            WRegs wa, wb;
+            load_round(wa, 0);
+#pragma unroll 1
+            for (int c0 = 0; c0 < CH; c0 += 2 * U) {
+                if (c0 + U < CH) load_round(wb, c0 + U);
+                mma_round(wa, c0);
+                if (c0 + U >= CH) break;
+                if (c0 + 2 * U < CH) load_round(wa, c0 + 2 * U);
+                mma_round(wb, c0 + U);
+            }
+        } else {
+            WRegs w;
+#pragma unroll 1
+            for (int c0 = 0; c0 < CH; c0 += U) {
+                load_round(w, c0);
+                mma_round(w, c0);
+            }
+        }
+        // Fixed tree over the warps: the upper half hands its partials to the lower half.
+#pragma unroll
+        for (int half = NW / 2; half >= 1; half /= 2) {
+            if (warp >= half && warp < 2 * half) {
+                int v = 0;
+#pragma unroll
+                for (int a = 0; a < NA; ++a)
+#pragma unroll
+                    for (int m = 0; m < MT; ++m)
+#pragma unroll
+                        for (int n = 0; n < TN; ++n)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) red[warp - half][v++][lane] = acc[a][m][n][e];
+            }
+            __syncthreads();
+            if (warp < half) {
+                int v = 0;
+#pragma unroll
+                for (int a = 0; a < NA; ++a)
+#pragma unroll
+                    for (int m = 0; m < MT; ++m)
+#pragma unroll
+                        for (int n = 0; n < TN; ++n)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) acc[a][m][n][e] += red[warp][v++][lane];
+            }
+            __syncthreads();
+        }
+        if (warp != 0) continue;
+        // Lane (g, t) holds rows g and g + 8 of each tile for token columns 2t and 2t + 1.
+#pragma unroll
+        for (int n = 0; n < TN; ++n)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int i = n * 8 + 2 * t + j;
+                if (i >= ch.count) continue;
+                float* o = out + size_t(order[ch.first + i]) * N;
+#pragma unroll
+                for (int m = 0; m < MT; ++m)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int row = nl + 16 * m + g + 8 * h;
+                        float v = acc[0][m][n][2 * h + j];
+                        if constexpr (SWIGLU) v = silu(v) * acc[NA - 1][m][n][2 * h + j];
+                        o[row] = v;
+                    }
+            }
+    }
+}
+
+// Blocks of `kernel` the GPU holds at once (block of `threads`).
+template <typename Kernel>
+int resident_blocks(Kernel kernel, int threads) {
+    int dev = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
+    return sms * (per_sm > 0 ? per_sm : 1);
+}
+
+template <int K, int N, int TN, bool SWIGLU, int XDIV, int MAT>
+void launch_moe_gemm(const Ctx& c, int max_chunks, const float* x, const void* const* experts, const int32_t* order,
+                     const MoeChunk* chunks, const int32_t* n_chunks, float* out) {
+    constexpr auto kernel = moe_gemm_kernel<K, N, TN, SWIGLU, XDIV, MAT>;
+    constexpr int threads = mma_warps(K) * kWarp;
+    constexpr int tiles = N / (kMmaRows * MmaShape<K, TN, SWIGLU>::MT);
+    static const int resident = resident_blocks(kernel, threads);
+    const int64_t most = int64_t(max_chunks) * tiles;  // items if every chunk were used
+    const int grid = int(std::min<int64_t>(most, resident));
+    kernel<<<grid, threads, 0, c.stream>>>(x, experts, order, chunks, n_chunks, out);
+}
+
+}  // namespace detail
+
+// Whether the expert MLPs of a step with `pairs` (row, pick) pairs run as grouped GEMMs (bf16
+// experts whose shapes the MMA tiles cover) or as per-pair GEMVs. Grouping pays once the experts
+// average half a pair or more (Qwen3-30B-A3B, 128 experts x top 8: from 8 rows); below that most
+// experts meet one pair either way and the GEMVs' one launch less wins (docs/CUDA.md). Like the
+// linears' row regimes, the two paths round differently; each is batch-invariant on its own.
+// SCR_CUDA_MOE_GEMM=0 / =1 force the GEMVs / the grouped GEMMs (A/B runs); tests set
+// moe_gemm_override() (kernels/cuda/step.hpp).
+template <int H, int F, typename WT>
+constexpr bool moe_gemm_fits() {
+    return std::is_same_v<WT, bf16_t> && H % 32 == 0 && F % 32 == 0;
+}
+inline bool moe_gemm_wanted(int pairs, int experts) {
+    static const int from_env = [] {
+        const char* e = std::getenv("SCR_CUDA_MOE_GEMM");
+        return e && std::strcmp(e, "0") == 0 ? 0 : e && std::strcmp(e, "1") == 0 ? 1 : 2;
+    }();
+    const int mode = moe_gemm_override() >= 0 ? moe_gemm_override() : from_env;
+    return mode == 1 || (mode == 2 && 2 * pairs >= experts);
+}
+
+// act[p] = SwiGLU(x[p / TOPK]) and y[p] = act[p] . Wd for the pairs p of `rows` rows, grouped by
+// expert. `group` is moe_group_floats<E>(rows * TOPK) floats of scratch.
+template <int H, int F, int E, int TOPK>
+void moe_experts_grouped(const Ctx& c, int rows, const float* x, const void* const* experts, const int32_t* top_id, float* act,
+                         float* y, float* group) {
+    const int pairs = rows * TOPK;
+    int32_t* order = reinterpret_cast<int32_t*>(group);
+    int32_t* n_chunks = order + pairs;
+    auto* chunks = reinterpret_cast<MoeChunk*>(n_chunks + 4 + (4 - (reinterpret_cast<uintptr_t>(n_chunks + 4) / 4) % 4) % 4);
+    // Wide chunks (4 column groups: each weight tile feeds 32 pairs) once experts average 16+
+    // pairs; narrow ones for decode-sized steps, where most experts see a pair or two.
+    const bool wide = pairs >= 16 * E;
+    const int cr = detail::moe_chunk_pairs(wide ? 4 : 1);
+    const int max_chunks = std::min(pairs, pairs / cr + E);
+    if (wide)
+        detail::moe_group_kernel<E, detail::moe_chunk_pairs(4)><<<1, 1024, 0, c.stream>>>(pairs, top_id, order, chunks, n_chunks);
+    else
+        detail::moe_group_kernel<E, detail::moe_chunk_pairs(1)><<<1, 1024, 0, c.stream>>>(pairs, top_id, order, chunks, n_chunks);
+    if (wide) {
+        detail::launch_moe_gemm<H, F, 4, true, TOPK, 0>(c, max_chunks, x, experts, order, chunks, n_chunks, act);
+        detail::launch_moe_gemm<F, H, 4, false, 1, 2>(c, max_chunks, act, experts, order, chunks, n_chunks, y);
+    } else {
+        detail::launch_moe_gemm<H, F, 1, true, TOPK, 0>(c, max_chunks, x, experts, order, chunks, n_chunks, act);
+        detail::launch_moe_gemm<F, H, 1, false, 1, 2>(c, max_chunks, act, experts, order, chunks, n_chunks, y);
+    }
+}
+
+}  // namespace scr::kernels::cuda

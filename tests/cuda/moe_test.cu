@@ -1,0 +1,337 @@
+// scr_cuda_moe: the MoE expert MLPs of kernels/cuda/moe.cuh (moe_experts: SwiGLU experts of every
+// (row, pick) pair, summed per row with the routing weights, plus a residual) on the GPU, given a
+// routing, in both implementations: grouped expert GEMMs (moe_gemm.cuh) and per-pair GEMVs.
+//   * every checked output against a float64 host reference on random non-zero bf16 weights and
+//     float32 activations, with a bound carried through the SwiGLU: each dot product may be off by
+//     2e-5 * sum_k |w_k x_k| + 1e-6 (x enters the tensor cores as bf16 hi + lo, ~2^-17 relative;
+//     float32 accumulation), the activation error follows from silu's slope, and the down
+//     projection adds its own term;
+//   * batch invariance of the grouped GEMMs: a row's output in a launch of R rows has exactly the
+//     bits of the same row launched alone (whatever chunk, column or chunk width it lands in);
+//   * routings: uniform (distinct random experts per row) and skewed (every row picks the same
+//     experts: long runs cut into many chunks); outputs poisoned with NaN first.
+// Shapes: a small one, the tiny Qwen3-MoE fixture's (H 96, F 64, 4 experts, top 2) and
+// Qwen3-30B-A3B's (H 2048, F 768, 128 experts, top 8). Then (unless --no-bench) the time per call
+// of both implementations at Qwen3-30B-A3B's shape for 1 to 2,048 rows.
+// Exit: 0 all checks passed, 1 a check failed, 77 no GPU (ctest skips).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/moe.cuh"
+
+using namespace scr::kernels::cuda;
+using scr::bf16_t;
+
+namespace {
+
+void check_cuda(cudaError_t e, const char* what, int line) {
+    if (e != cudaSuccess) {
+        char buf[512];
+        std::snprintf(buf, sizeof buf, "CUDA error '%s' at moe_test.cu:%d: %s", cudaGetErrorString(e), line, what);
+        throw std::runtime_error(buf);
+    }
+}
+#define CK(call) check_cuda((call), #call, __LINE__)
+
+// Weights come from a counter-based hash, so the device fills 1.2 GB quickly and the host
+// reference recomputes any element it needs.
+__host__ __device__ inline uint64_t mix(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+__host__ __device__ inline float unit(uint64_t seed, uint64_t i) {  // in [-1, 1), never exactly 0 after scaling below
+    return float(int64_t(mix(seed * 0x100000001b3ull + i) >> 40) - (int64_t(1) << 23)) / float(1 << 23) + 1.0f / (1 << 24);
+}
+uint16_t bf16_bits(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // nearest-even, as __float2bfloat16_rn
+}
+double bf16_value(uint16_t b) {
+    const uint32_t u = uint32_t(b) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+__global__ void fill_bf16(bf16_t* w, size_t n, uint64_t seed, float scale) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+        w[i] = bf16_t{__bfloat16_as_ushort(__float2bfloat16_rn(unit(seed, i) * scale))};
+}
+
+double silu(double v) { return v / (1.0 + std::exp(-v)); }
+
+template <int H, int F, int E, int K>
+struct Shape {
+    static constexpr size_t kGate = size_t(F) * H;  // elements of one matrix
+    const char* name;
+    bf16_t* w = nullptr;  // [3][E][F*H]: gate, up (F x H), down (H x F)
+    void** table = nullptr;
+    float scale_h = float(1.0 / std::sqrt(double(H))), scale_f = float(1.0 / std::sqrt(double(F)));
+
+    explicit Shape(const char* n) : name(n) {
+        CK(cudaMalloc(&w, 3 * E * kGate * sizeof(bf16_t)));
+        fill_bf16<<<1024, 256>>>(w, 2 * E * kGate, 11, scale_h);
+        fill_bf16<<<1024, 256>>>(w + 2 * E * kGate, E * kGate, 12, scale_f);
+        CK(cudaGetLastError());
+        std::vector<void*> t(3 * E);
+        for (int e = 0; e < E; ++e)
+            for (int m = 0; m < 3; ++m) t[3 * e + m] = w + (size_t(m) * E + e) * kGate;
+        CK(cudaMalloc(&table, t.size() * sizeof(void*)));
+        CK(cudaMemcpy(table, t.data(), t.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    }
+    ~Shape() {
+        cudaFree(w);
+        cudaFree(table);
+    }
+    double weight(int m, int e, size_t i) const {  // element i of matrix m (0 gate, 1 up, 2 down) of expert e
+        const uint64_t seed = m < 2 ? 11 : 12;
+        const size_t at = (m < 2 ? size_t(m) * E * kGate : 0) + size_t(e) * kGate + i;
+        return bf16_value(bf16_bits(unit(seed, at) * (m < 2 ? scale_h : scale_f)));
+    }
+};
+
+struct Routing {
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+};
+
+template <int E, int K>
+Routing make_routing(int rows, bool skewed, std::mt19937& rng) {
+    Routing r;
+    std::uniform_real_distribution<float> wd(0.05f, 1.0f);
+    std::vector<int32_t> all(E);
+    std::iota(all.begin(), all.end(), 0);
+    for (int i = 0; i < rows; ++i) {
+        if (!skewed) std::shuffle(all.begin(), all.end(), rng);
+        for (int j = 0; j < K; ++j) {
+            r.ids.push_back(skewed ? (j * 7 + 3) % E : all[j]);  // skewed: the same K experts for every row
+            r.weights.push_back(wd(rng));
+        }
+    }
+    return r;
+}
+
+// Device buffers for one launch of `rows` rows.
+template <int H, int F, int E, int K>
+struct Launch {
+    float *x = nullptr, *res = nullptr, *out = nullptr, *ws = nullptr, *tw = nullptr;
+    int32_t* ids = nullptr;
+    explicit Launch(int rows) {
+        CK(cudaMalloc(&x, size_t(rows) * H * 4));
+        CK(cudaMalloc(&res, size_t(rows) * H * 4));
+        CK(cudaMalloc(&out, size_t(rows) * H * 4));
+        CK(cudaMalloc(&ws, size_t(moe_experts_floats<H, F, E, K>(rows)) * 4));
+        CK(cudaMalloc(&tw, size_t(rows) * K * 4));
+        CK(cudaMalloc(&ids, size_t(rows) * K * 4));
+    }
+    ~Launch() {
+        cudaFree(x); cudaFree(res); cudaFree(out); cudaFree(ws); cudaFree(tw); cudaFree(ids);
+    }
+    void run(const Ctx& c, const Shape<H, F, E, K>& s, int rows) {
+        moe_experts<H, F, E, K, bf16_t>(c, rows, x, s.table, ids, tw, res, out, ws);
+    }
+};
+
+// float64 reference of one row's output with its error bound.
+template <int H, int F, int E, int K>
+void reference_row(const Shape<H, F, E, K>& s, const float* x, const float* res, const int32_t* ids, const float* tw, std::vector<double>& ref,
+                   std::vector<double>& bound) {
+    ref.assign(H, 0.0);
+    bound.assign(H, 0.0);
+    // the CPU kernel's (and moe_combine_kernel's) order: the row's experts in expert order
+    std::vector<int> order(K);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return ids[a] < ids[b]; });
+    std::vector<double> act(F), dact(F);
+    for (int j : order) {
+        const int e = ids[j];
+        for (int f = 0; f < F; ++f) {
+            double g = 0, u = 0, ag = 0, au = 0;
+            for (int h = 0; h < H; ++h) {
+                const double wg = s.weight(0, e, size_t(f) * H + h), wu = s.weight(1, e, size_t(f) * H + h);
+                g += wg * x[h];
+                u += wu * x[h];
+                ag += std::fabs(wg * x[h]);
+                au += std::fabs(wu * x[h]);
+            }
+            const double dg = 2e-5 * ag + 1e-6, du = 2e-5 * au + 1e-6;
+            const double sg = 1.0 / (1.0 + std::exp(-g));
+            const double slope = std::fabs(sg * (1.0 + g * (1.0 - sg)));
+            act[f] = silu(g) * u;
+            dact[f] = slope * dg * std::fabs(u) + std::fabs(silu(g)) * du + dg * du + 1e-6 * std::fabs(act[f]);
+        }
+        for (int h = 0; h < H; ++h) {
+            double y = 0, ay = 0, dy = 0;
+            for (int f = 0; f < F; ++f) {
+                const double wd = s.weight(2, e, size_t(h) * F + f);
+                y += wd * act[f];
+                ay += std::fabs(wd * act[f]);
+                dy += std::fabs(wd) * dact[f];
+            }
+            ref[h] += double(tw[j]) * y;
+            bound[h] += double(tw[j]) * (dy + 2e-5 * ay + 1e-6);
+        }
+    }
+    for (int h = 0; h < H; ++h) {
+        ref[h] += res[h];
+        bound[h] += 1e-6 * (std::fabs(ref[h]) + std::fabs(res[h]));
+    }
+}
+
+template <int H, int F, int E, int K>
+int check_shape(const Shape<H, F, E, K>& s, cudaStream_t st, std::initializer_list<int> row_counts) {
+    int failures = 0;
+    std::mt19937 rng(1234 + H);
+    std::uniform_real_distribution<float> xd(-1.0f, 1.0f);
+    Ctx c;
+    c.stream = st;
+    for (const bool skewed : {false, true})
+        for (const int rows : row_counts) {
+            std::vector<float> x(size_t(rows) * H), res(size_t(rows) * H);
+            for (auto& v : x) v = xd(rng);
+            for (auto& v : res) v = xd(rng);
+            const Routing r = make_routing<E, K>(rows, skewed, rng);
+            // rows checked against the reference (all of small launches, 8 spread over large ones)
+            std::vector<int> check;
+            const int stride = rows <= 16 ? 1 : rows / 8;
+            for (int i = 0; i < rows; i += stride) check.push_back(i);
+            if (check.back() != rows - 1) check.push_back(rows - 1);
+
+            Launch<H, F, E, K> L(rows);
+            CK(cudaMemcpy(L.x, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(L.res, res.data(), res.size() * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(L.ids, r.ids.data(), r.ids.size() * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(L.tw, r.weights.data(), r.weights.size() * 4, cudaMemcpyHostToDevice));
+            std::vector<float> got[2];
+            for (int path = 0; path < 2; ++path) {  // 0: grouped GEMMs, 1: per-pair GEMVs
+                moe_gemm_override() = path == 0 ? 1 : 0;
+                CK(cudaMemset(L.out, 0xff, size_t(rows) * H * 4));  // NaN
+                L.run(c, s, rows);
+                CK(cudaGetLastError());
+                CK(cudaStreamSynchronize(st));
+                got[path].resize(size_t(rows) * H);
+                CK(cudaMemcpy(got[path].data(), L.out, got[path].size() * 4, cudaMemcpyDeviceToHost));
+            }
+            moe_gemm_override() = -1;
+            double worst[2] = {0, 0};
+            int bad[2] = {0, 0};
+            std::vector<double> ref, bound;
+            for (const int i : check) {
+                reference_row(s, &x[size_t(i) * H], &res[size_t(i) * H], &r.ids[size_t(i) * K], &r.weights[size_t(i) * K], ref, bound);
+                for (int path = 0; path < 2; ++path)
+                    for (int h = 0; h < H; ++h) {
+                        const double err = std::fabs(double(got[path][size_t(i) * H + h]) - ref[h]);
+                        if (!(err <= bound[h])) {
+                            if (bad[path]++ < 3)
+                                std::printf("  %s rows %d %s row %d h %d: got %.9g want %.9g (bound %.3g)\n", path ? "gemv" : "grouped", rows,
+                                            skewed ? "skewed" : "uniform", i, h, got[path][size_t(i) * H + h], ref[h], bound[h]);
+                        } else {
+                            worst[path] = std::max(worst[path], err / bound[h]);
+                        }
+                    }
+            }
+            // Batch invariance of the grouped path: each checked row alone, bit for bit.
+            int differ = 0;
+            moe_gemm_override() = 1;
+            Launch<H, F, E, K> one(1);
+            std::vector<float> alone(H);
+            for (const int i : check) {
+                CK(cudaMemcpy(one.x, &x[size_t(i) * H], H * 4, cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(one.res, &res[size_t(i) * H], H * 4, cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(one.ids, &r.ids[size_t(i) * K], K * 4, cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(one.tw, &r.weights[size_t(i) * K], K * 4, cudaMemcpyHostToDevice));
+                CK(cudaMemset(one.out, 0xff, H * 4));
+                one.run(c, s, 1);
+                CK(cudaStreamSynchronize(st));
+                CK(cudaMemcpy(alone.data(), one.out, H * 4, cudaMemcpyDeviceToHost));
+                differ += std::memcmp(alone.data(), &got[0][size_t(i) * H], H * 4) != 0;
+            }
+            moe_gemm_override() = -1;
+            const bool ok = bad[0] == 0 && bad[1] == 0 && differ == 0;
+            failures += !ok;
+            std::printf("%s %s, %d rows %s (%zu checked): grouped %s (worst err/bound %.2e), gemv %s (%.2e), rows alone %s\n", ok ? "ok  " : "FAIL",
+                        s.name, rows, skewed ? "skewed" : "uniform", check.size(), bad[0] ? "FAIL" : "pass", worst[0], bad[1] ? "FAIL" : "pass",
+                        worst[1], differ ? "DIFFER" : "same bits");
+        }
+    return failures;
+}
+
+template <int H, int F, int E, int K>
+void time_shape(const Shape<H, F, E, K>& s, cudaStream_t st) {
+    std::printf("\n%s, us per call (events, mean of the iterations after one warm-up; uniform routing):\n", s.name);
+    std::printf("| rows | pairs | grouped GEMMs | per-pair GEMVs | ratio |\n|---:|---:|---:|---:|---:|\n");
+    std::mt19937 rng(99);
+    std::uniform_real_distribution<float> xd(-1.0f, 1.0f);
+    Ctx c;
+    c.stream = st;
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (const int rows : {1, 4, 16, 64, 256, 2048}) {
+        Launch<H, F, E, K> L(rows);
+        std::vector<float> x(size_t(rows) * H);
+        for (auto& v : x) v = xd(rng);
+        const Routing r = make_routing<E, K>(rows, false, rng);
+        CK(cudaMemcpy(L.x, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(L.res, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(L.ids, r.ids.data(), r.ids.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(L.tw, r.weights.data(), r.weights.size() * 4, cudaMemcpyHostToDevice));
+        double us[2];
+        for (int path = 0; path < 2; ++path) {
+            moe_gemm_override() = path == 0 ? 1 : 0;
+            const int iters = rows >= 256 && path == 1 ? 3 : 20;
+            L.run(c, s, rows);
+            CK(cudaEventRecord(a, st));
+            for (int i = 0; i < iters; ++i) L.run(c, s, rows);
+            CK(cudaEventRecord(b, st));
+            CK(cudaEventSynchronize(b));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, a, b));
+            us[path] = 1000.0 * ms / iters;
+        }
+        moe_gemm_override() = -1;
+        std::printf("| %d | %d | %.1f | %.1f | %.2fx |\n", rows, rows * K, us[0], us[1], us[1] / us[0]);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        std::printf("no GPU: skipped\n");
+        return 77;
+    }
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    int failures = 0;
+    {
+        const Shape<256, 128, 16, 4> small("H256 F128 E16 top4");
+        failures += check_shape(small, st, {1, 3, 8, 40, 300});
+    }
+    {
+        const Shape<96, 64, 4, 2> fixture("H96 F64 E4 top2 (tiny Qwen3-MoE)");
+        failures += check_shape(fixture, st, {1, 5, 33, 200});
+    }
+    const Shape<2048, 768, 128, 8> big("H2048 F768 E128 top8 (Qwen3-30B-A3B)");
+    failures += check_shape(big, st, {1, 16, 260});
+    std::printf("%s\n", failures ? "FAILED" : "all MoE expert checks passed");
+    if (!(argc > 1 && std::strcmp(argv[1], "--no-bench") == 0)) time_shape(big, st);
+    return failures ? 1 : 0;
+} catch (const std::exception& e) {
+    std::fprintf(stderr, "scr_cuda_moe: %s\n", e.what());
+    return 1;
+}
