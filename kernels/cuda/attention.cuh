@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
+#include <cstring>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/elementwise.cuh"
@@ -410,6 +412,12 @@ attention_keys_kernel(int rows, const DevStep st, const float* __restrict__ q, c
 
 }  // namespace detail
 
+}  // namespace scr::kernels::cuda
+
+#include "kernels/cuda/attention_prefill.cuh"  // after AttnExtras and attn_token; picked in attention() below
+
+namespace scr::kernels::cuda {
+
 // Writes this step's K and V rows into their KV slots.
 template <int HKV, int D, int BS, typename KVT>
 void kv_append(const Ctx& c, int rows, const float* k, const float* v, std::byte* kv, int64_t block_bytes, int64_t k_off, int64_t v_off) {
@@ -451,9 +459,17 @@ void attention(const Ctx& c, int rows, const float* q, const std::byte* kv, int6
         const int extra = ceil_div(l2_prefetch_blocks(pf, NW * kWarp), HKV);
         launch(c, detail::attention_kernel<HQ, HKV, D, BS, KVT>, dim3(rows + extra, HKV), dim3(NW * kWarp), rows, c.step, q, kv,
                block_bytes, k_off, v_off, scale, extras, out, pf);
-    } else
+    } else {
+        if constexpr (attention_prefill_mma_fits<HQ, HKV, D, KVT>()) {
+            if (attention_prefill_mma_on()) {
+                launch(c, detail::attention_prefill_mma_kernel<HQ, HKV, D, BS>, dim3(ceil_div(rows, detail::kPrefillRows), HKV),
+                       dim3(HQ / HKV * kWarp), rows, c.step, q, kv, block_bytes, k_off, v_off, scale, extras, out);
+                return;
+            }
+        }
         launch(c, detail::attention_keys_kernel<HQ, HKV, D, BS, KVT>, dim3(rows, HKV), dim3(NW * kWarp), rows, c.step, q, kv,
                block_bytes, k_off, v_off, scale, extras, out);
+    }
 }
 
 // Decode steps of so few tokens that one block per query head still fits on the GPU at once split

@@ -226,6 +226,23 @@ __device__ __forceinline__ void cp_async_wait(int n) {  // n = 0..3 (wait_group 
     else asm volatile("cp.async.wait_group 3;" ::: "memory");
 }
 
+// bf16 tensor-core MMA, D (16 x 8, f32) += A (16 x 16) B (16 x 8): the register layouts of
+// mma.m16n8k16 (lane g = lane / 4, t = lane % 4: a0 = A[g][2t..], a1 = A[g + 8][2t..], a2 = A[g][2t + 8..],
+// a3 = A[g + 8][2t + 8..]; b0 = B[2t..][g], b1 = B[2t + 8..][g]; d = D[g][2t..], D[g + 8][2t..]).
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                               uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two floats as a bf16x2 register (the first in the low half, as the MMA expects the lower k).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo_k, float hi_k) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo_k, hi_k);
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+
 // Launches `kernel` on the step's stream with `smem` bytes of dynamic shared memory, as a
 // programmatic dependent of the previous kernel when the context asks for it (Ctx::pdl). Every
 // kernel launched through here calls pdl_wait().

@@ -300,20 +300,6 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const __grid_c
 // Weight loads run one round (U chunks) ahead of the MMAs when registers allow (small TN).
 constexpr int kMmaRows = 16;
 
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                               uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Two floats as a bf16x2 register (the first in the low half, as the MMA expects the lower k).
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo_k, float hi_k) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo_k, hi_k);
-    return *reinterpret_cast<const uint32_t*>(&v);
-}
-
 // Warps splitting K: as many as divide K into 32-k chunks, up to 8.
 __host__ __device__ constexpr int mma_warps(int k) {
     int w = 8;

@@ -40,6 +40,13 @@ inline int& moe_gemm_override() {
     return v;
 }
 
+// Prefill-sized attention (kernels/cuda/attention_prefill.cuh, attention_prefill_mma_on): -1:
+// SCR_CUDA_ATTN_PREFILL decides, 0: the key-per-lane kernel, 1: the tensor-core kernel where it fits.
+inline int& attention_prefill_override() {
+    static int v = -1;
+    return v;
+}
+
 struct DevStep {
     const int32_t* header = nullptr;        // [kHeaderInts]
     const int32_t* token_ids = nullptr;     // [launch rows]; padding rows hold 0

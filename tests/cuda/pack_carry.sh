@@ -12,7 +12,7 @@ O=${2:-.cuda-carry}
 rm -rf "$O"
 stage=$(mktemp -d)
 mkdir -p "$stage/lib" "$O"
-for f in "$B/scr" "$B/tests/cuda/scr_cuda_tests" "$B/tests/cuda/scr_cuda_quant_gemv" "$B/tests/cuda/scr_cuda_linear" "$B/tests/cuda/scr_cuda_sample" "$B/tests/cuda/scr_cuda_moe"; do
+for f in "$B/scr" "$B/tests/cuda/scr_cuda_tests" "$B/tests/cuda/scr_cuda_quant_gemv" "$B/tests/cuda/scr_cuda_linear" "$B/tests/cuda/scr_cuda_sample" "$B/tests/cuda/scr_cuda_moe" "$B/tests/cuda/scr_cuda_attention"; do
     [ -f "$f" ] || continue
     strip -o "$stage/$(basename "$f")" "$f"
     ldd "$f" | awk '/=> \//{print $3}' | grep -v -E '/(libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s|libpcre2-8|libssl|libcrypto|libz|libcublas|libcublasLt|ld-linux[^/]*)\.so' |
