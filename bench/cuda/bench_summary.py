@@ -10,6 +10,7 @@ random bf16 weights, flash-attn on, measured 2026-11-30).
 """
 import glob
 import json
+import re
 import os
 import sys
 
@@ -37,6 +38,18 @@ def json_lines(path):
                 except json.JSONDecodeError:
                     pass
     return out
+
+
+def prefill_tokens(path):
+    """The prompt length of scr cuda-bench's prefill line ("prefill 2048 tokens: ..."), or None."""
+    if not os.path.exists(path):
+        return None
+    with open(path, errors="replace") as f:
+        for line in f:
+            m = re.match(r"prefill (\d+) tokens", line)
+            if m:
+                return int(m.group(1))
+    return None
 
 
 def fmt(x, digits=0):
@@ -88,7 +101,12 @@ def main():
                   f"{ratio(tps, pb and pb['tok_s'])} | {fmt(lcpp.get(str(B)))} | {ratio(tps, lcpp.get(str(B)))} |")
         pp = peer("prefill")
         pre = bench.get("prefill_tps")
-        print(f"| {name} | prefill{' ' + str(pp['tokens']) if pp else ''}, tok/s | {fmt(pre)} | | {fmt(pp and pp['tok_s'])} | "
+        ours = prefill_tokens(os.path.join(logs, f"bench_{key}.txt"))  # scr's prompt length, from its log
+        theirs = pp and pp.get("tokens")
+        length = f" {ours or theirs}" if (ours or theirs) else ""
+        if pp and ours and theirs and ours != theirs:  # not like for like: say so in the peer's cell
+            length = f" {ours} (transformers: {theirs})"
+        print(f"| {name} | prefill{length}, tok/s | {fmt(pre)} | | {fmt(pp and pp['tok_s'])} | "
               f"{ratio(pre, pp and pp['tok_s'])} | {fmt(lcpp.get('prefill'))}{' (pp512)' if lcpp.get('prefill') else ''} | "
               f"{ratio(pre, lcpp.get('prefill'))} |")
         if bench:

@@ -14,7 +14,7 @@
 #   bench_1b         (15 / 60)   scr cuda-bench --prompt 128 --decode 128 --prefill 2048 --batches 16,64,256
 #   make_random_8b   (12 / 60)   16 GB checkpoint
 #   bench_8b         (35 / 90)   same flags
-#   bench_8b_before  (15 / 60)   BEFORE_ENV (this session's A/B, default SCR_CUDA_ATTN_SPLIT=0), batch 1 and 4; warm-file start-up
+#   bench_8b_before  (15 / 60)   BEFORE_ENV + BEFORE_ARGS (a session's A/B; default SCR_CUDA_ATTN_SPLIT=0, batch 1 and 4); warm-file start-up
 #   bench_1b_before  (8 / 40)    the same for the 1B
 #   bench_1b_warm    (8 / 40)    warm-file start-up of the 1B, B=64 again
 #   ncu_mma_b16, ncu_attn_b64 (20 / 40 each)  Nsight Compute sections of one launch each (NCU_DETAIL=0: skip)
@@ -23,7 +23,7 @@
 #   peers_1b         (60 / 100)  transformers: prefill 2k, batch 64 eager, batch 1 eager, batch 1 compiled
 #   peers_8b         (90 / 120)  same (torch.compile takes 22-53 s at its first call, facts.md)
 #   make_random_30b  (50 / 120)  61 GB checkpoint, after the 8B folder is deleted
-#   bench_30b        (40 / 90)   --prompt 64 --decode 64 --prefill 512 --batches 16,64
+#   bench_30b        (40 / 90)   --prompt 64 --decode 64 --prefill 2048 (PREFILL_30B) --batches 16,64
 #   peers_30b        (- / 100)   transformers eager (prefill 512, batch 1): only if >= 150 s are left
 #   summary          (1 / 15)    bench/cuda/bench_summary.py -> $OUT/summary.md
 # Every log is written straight under $OUT/logs (what a cut-short run did still comes back).
@@ -121,9 +121,11 @@ step make_random_8b 60 $SCR make-random $CFG/llama/llama-3.1-8b.json "$D8" --dty
 # split and closing pass per matrix), docs/CUDA.md "Session 5: batched decode". Being the second
 # process on these files, its start-up line is also the warm-file start-up.
 # The session's A/B, same binary (BEFORE_ENV; session 6: the batch-1 attention split off).
+# BEFORE_ARGS: its cuda-bench flags (session 8: the key-per-lane prefill attention, at 2k).
 BEFORE_ENV=${BEFORE_ENV:-SCR_CUDA_ATTN_SPLIT=0}
-have "$D8" && step bench_8b_before 60 env $BEFORE_ENV $BENCH "$D8" --prompt 128 --decode 128 --prefill 0 --batches 4
-have "$D1" && step bench_1b_before 40 env $BEFORE_ENV $BENCH "$D1" --prompt 128 --decode 128 --prefill 0 --batches 4
+BEFORE_ARGS=${BEFORE_ARGS:---prompt 128 --decode 128 --prefill 0 --batches 4}
+have "$D8" && step bench_8b_before 60 env $BEFORE_ENV $BENCH "$D8" $BEFORE_ARGS
+have "$D1" && step bench_1b_before 40 env $BEFORE_ENV $BENCH "$D1" $BEFORE_ARGS
 have "$D1" && step bench_1b_warm 40 $BENCH "$D1" --prompt 128 --decode 32 --prefill 0 --batches 64
 # Why the 8B's B=16 step (the MMA linear) and B=64 attention sit below the bandwidth: one launch of
 # each under Nsight Compute's sections (NCU_DETAIL=0 skips).
@@ -151,7 +153,7 @@ elif D30=$(room_for 62000000000); then
     D30=$D30/scr-q30b
     rm -rf "$D30"
     step make_random_30b 120 $SCR make-random $CFG/qwen3_moe/qwen3-30b-a3b.json "$D30" --dtype bf16 &&
-        step bench_30b 90 $BENCH "$D30" --prompt 64 --decode 64 --prefill 512 --batches 16,64 --batch-steps 16
+        step bench_30b 90 $BENCH "$D30" --prompt 64 --decode 64 --prefill ${PREFILL_30B:-2048} --batches 16,64 --batch-steps 16
     if ! have "$D30"; then
         note "peers_30b: SKIPPED (no checkpoint)"
     elif [ "$(left)" -lt 150 ]; then
