@@ -1,7 +1,7 @@
 #!/bin/bash
 # Batch-1 decode with and without a switch, same binary, alternating, in one call on the GPU machine
 # (issue #6; written for the decode attention's head split, SCR_CUDA_ATTN_SPLIT=0 turns it off):
-#   OUT=$OUT [AB_ENV=SCR_CUDA_ATTN_SPLIT=0] [MODELS="1b 8b"] [ROUNDS=2] [NCU=1] [NCU_MODEL=8b] [NCU_VARIANTS="default ab"] [NCU_LAUNCHES=1300] bash tests/cuda/attn_split_ab.sh CARRY_DIR
+#   OUT=$OUT [AB_ENV=SCR_CUDA_ATTN_SPLIT=0] [MODELS="1b 8b"] [ROUNDS=2] [BATCHES=4] [NCU=1] [NCU_MODEL=8b] [NCU_VARIANTS="default ab"] [NCU_LAUNCHES=1300] bash tests/cuda/attn_split_ab.sh CARRY_DIR
 # CARRY_DIR/bin.tar.xz: scr of a CUDA build holding the MODELS (bf16): 1b = llama-3.2-1b, 8b =
 # llama-3.1-8b, 30b = qwen3-30b-a3b (61 GB in /dev/shm), packed by tests/cuda/pack_carry.sh. Per
 # model: a random checkpoint in /dev/shm, then ROUNDS x (defaults, AB_ENV) of `scr cuda-bench
@@ -24,7 +24,7 @@ for m in ${MODELS:-1b 8b}; do
     for r in $(seq ${ROUNDS:-2}); do
         for v in default ab; do
             env=(); [ $v = ab ] && env=($AB_ENV)
-            step "bench_${m}_${v}_$r" 90 env "${env[@]}" $C/scr cuda-bench $M --prompt 128 --decode 128 --prefill 0 --batches 4
+            step "bench_${m}_${v}_$r" 90 env "${env[@]}" $C/scr cuda-bench $M --prompt 128 --decode 128 --prefill 0 --batches ${BATCHES:-4}
             echo "== $m $v ($([ $v = ab ] && echo "$AB_ENV" || echo defaults)) round $r: $(grep -h '^batch-1 decode\|^decode batch' "$LOGS/bench_${m}_${v}_$r.txt" | cut -c1-110 | tr '\n' ' ')"
         done
     done
