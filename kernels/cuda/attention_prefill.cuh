@@ -36,13 +36,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                  : "r"(addr));
 }
 
-// hi + lo bf16 pairs of two floats (the first in the low half: the MMA's lower k).
-__device__ __forceinline__ void split_pair(float a, float b, uint32_t& hi, uint32_t& lo) {
-    const float ha = __bfloat162float(__float2bfloat16_rn(a)), hb = __bfloat162float(__float2bfloat16_rn(b));
-    hi = pack_bf16x2(ha, hb);
-    lo = pack_bf16x2(a - ha, b - hb);
-}
-
 template <int HQ, int HKV, int D, int BS>
 __global__ void __launch_bounds__((HQ / HKV) * kWarp)
     attention_prefill_mma_kernel(int rows, const DevStep st, const float* __restrict__ q, const std::byte* __restrict__ kv,

@@ -243,6 +243,14 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo_k, float hi_k) {
     return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// Two floats as bf16 hi + lo pairs (hi = the nearest bf16, lo = the rest rounded to bf16: ~2^-17
+// relative together), each pair packed as pack_bf16x2 does.
+__device__ __forceinline__ void split_pair(float a, float b, uint32_t& hi, uint32_t& lo) {
+    const float ha = __bfloat162float(__float2bfloat16_rn(a)), hb = __bfloat162float(__float2bfloat16_rn(b));
+    hi = pack_bf16x2(ha, hb);
+    lo = pack_bf16x2(a - ha, b - hb);
+}
+
 // Launches `kernel` on the step's stream with `smem` bytes of dynamic shared memory, as a
 // programmatic dependent of the previous kernel when the context asks for it (Ctx::pdl). Every
 // kernel launched through here calls pdl_wait().

@@ -254,6 +254,148 @@ __global__ void __launch_bounds__(mma_warps(K) * kWarp)
     }
 }
 
+// ---- Wide chunks: warps over weight rows ----
+// moe_gemm_kernel splits K over its warps, so every 16-row tile re-reads (from L2) and re-converts the
+// chunk's x: at 32 pairs x K floats, twice the bytes of the tile's weights. For wide chunks (long
+// prompts) moe_gemm_rows_kernel gives each warp its own 16 weight rows for the whole K instead; the
+// chunk's x is staged in shared memory 64 k at a time as bf16 hi + lo, once for the block's warps
+// (128 rows), and no partial sums cross warps. Its summation order (k in order within a warp) is not
+// the k-split kernel's, so wide steps are a regime of their own; within it a pair still gets the same
+// bits whichever chunk or column it lands in.
+template <int N>
+__host__ __device__ constexpr int moe_row_warps() {
+    return (N / 16) % 8 == 0 ? 8 : (N / 16) % 4 == 0 ? 4 : (N / 16) % 2 == 0 ? 2 : 1;
+}
+constexpr int kMoeRowsStep = 64;  // k staged per step (two 32-k sub-tiles)
+
+template <int K, int N, int TN, bool SWIGLU, int XDIV, int MAT>
+__global__ void __launch_bounds__(moe_row_warps<N>() * kWarp)
+    moe_gemm_rows_kernel(const float* __restrict__ x, const void* const* __restrict__ experts, const int32_t* __restrict__ order,
+                         const MoeChunk* __restrict__ chunks, const int32_t* __restrict__ n_chunks, float* __restrict__ out) {
+    constexpr int NWp = moe_row_warps<N>();
+    constexpr int kThreads = NWp * kWarp;
+    constexpr int NA = SWIGLU ? 2 : 1;
+    constexpr int kTiles = N / (16 * NWp);
+    constexpr int P = TN * 8;  // pairs per chunk
+    constexpr int KS = kMoeRowsStep;
+    constexpr int kSteps = K / KS;
+    constexpr int kPieces = P * KS / 4;  // float4 pieces of x per step
+    constexpr int kSlots = (kPieces + kThreads - 1) / kThreads;
+    static_assert(K % KS == 0 && N % (16 * NWp) == 0, "moe_gemm_rows_kernel: K % 64 and whole 16-row tiles per warp");
+    // [buffer][hi, lo][32-k sub-tile][pair][k]: a pair's 32 k are 64 bytes, so the 8 lanes of a
+    // quarter warp (pairs g, g + 1 x 16-byte pieces t) read 8 distinct bank groups.
+    __shared__ __align__(16) bf16_t xs[2][2][2][P][32];
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    const int g = lane / 4, t = lane % 4;
+    const int items = *n_chunks * kTiles;
+
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+        const MoeChunk ch = chunks[item / kTiles];
+        const int row0 = (item % kTiles) * (16 * NWp) + warp * 16;
+        const bf16_t* w[NA];
+        w[0] = static_cast<const bf16_t*>(experts[3 * ch.expert + MAT]) + size_t(row0 + g) * K + 8 * t;
+        if constexpr (SWIGLU) w[1] = static_cast<const bf16_t*>(experts[3 * ch.expert + MAT + 1]) + size_t(row0 + g) * K + 8 * t;
+        // The x pieces this thread stages: piece i -> pair i / (KS / 4), k 4 (i % (KS / 4)) of the step.
+        const float* src[kSlots];
+#pragma unroll
+        for (int sl = 0; sl < kSlots; ++sl) {
+            const int i = threadIdx.x + sl * kThreads, pair = i / (KS / 4);
+            src[sl] = i < kPieces && pair < ch.count ? x + size_t(order[ch.first + pair] / XDIV) * K + 4 * (i % (KS / 4)) : nullptr;
+        }
+        float acc[NA][TN][4];
+#pragma unroll
+        for (int a = 0; a < NA; ++a)
+#pragma unroll
+            for (int n = 0; n < TN; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[a][n][e] = 0.0f;
+        float4 xv[kSlots];
+        uint4 wc[NA][2][2], wn[NA][2][2];  // [matrix][sub-tile][rows g, g + 8]
+        auto load_x = [&](int step) {
+#pragma unroll
+            for (int sl = 0; sl < kSlots; ++sl)
+                xv[sl] = src[sl] ? *reinterpret_cast<const float4*>(src[sl] + step * KS) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        };
+        auto store_x = [&](int buf) {
+#pragma unroll
+            for (int sl = 0; sl < kSlots; ++sl) {
+                const int i = threadIdx.x + sl * kThreads;
+                if (i >= kPieces) continue;
+                const int pair = i / (KS / 4), k = 4 * (i % (KS / 4));
+                uint32_t h0, l0, h1, l1;
+                split_pair(xv[sl].x, xv[sl].y, h0, l0);
+                split_pair(xv[sl].z, xv[sl].w, h1, l1);
+                *reinterpret_cast<uint2*>(&xs[buf][0][k / 32][pair][k % 32]) = make_uint2(h0, h1);
+                *reinterpret_cast<uint2*>(&xs[buf][1][k / 32][pair][k % 32]) = make_uint2(l0, l1);
+            }
+        };
+        auto load_w = [&](uint4 (&r)[NA][2][2], int step) {
+#pragma unroll
+            for (int a = 0; a < NA; ++a)
+#pragma unroll
+                for (int sub = 0; sub < 2; ++sub) {
+                    const bf16_t* p = w[a] + step * KS + sub * 32;
+                    r[a][sub][0] = load_stream16(p);
+                    r[a][sub][1] = load_stream16(p + size_t(8) * K);
+                }
+        };
+        load_x(0);
+        load_w(wc, 0);
+        store_x(0);
+        __syncthreads();
+#pragma unroll 1
+        for (int step = 0; step < kSteps; ++step) {
+            const int buf = step & 1;
+            if (step + 1 < kSteps) {
+                load_x(step + 1);
+                load_w(wn, step + 1);
+            }
+#pragma unroll
+            for (int sub = 0; sub < 2; ++sub)
+#pragma unroll
+                for (int n = 0; n < TN; ++n) {
+                    const uint4 bh = *reinterpret_cast<const uint4*>(&xs[buf][0][sub][n * 8 + g][8 * t]);
+                    const uint4 bl = *reinterpret_cast<const uint4*>(&xs[buf][1][sub][n * 8 + g][8 * t]);
+#pragma unroll
+                    for (int a = 0; a < NA; ++a) {
+                        const uint4& r0 = wc[a][sub][0];
+                        const uint4& r8 = wc[a][sub][1];
+                        mma_bf16_16816(acc[a][n], r0.x, r8.x, r0.y, r8.y, bh.x, bh.y);
+                        mma_bf16_16816(acc[a][n], r0.z, r8.z, r0.w, r8.w, bh.z, bh.w);
+                        mma_bf16_16816(acc[a][n], r0.x, r8.x, r0.y, r8.y, bl.x, bl.y);
+                        mma_bf16_16816(acc[a][n], r0.z, r8.z, r0.w, r8.w, bl.z, bl.w);
+                    }
+                }
+            if (step + 1 < kSteps) {
+                store_x(buf ^ 1);  // the other buffer: every warp finished reading it before the last barrier
+#pragma unroll
+                for (int a = 0; a < NA; ++a)
+#pragma unroll
+                    for (int sub = 0; sub < 2; ++sub) {
+                        wc[a][sub][0] = wn[a][sub][0];
+                        wc[a][sub][1] = wn[a][sub][1];
+                    }
+            }
+            __syncthreads();
+        }
+        // Lane (g, t) holds rows g and g + 8 of the warp's tile for pair columns 2t and 2t + 1.
+#pragma unroll
+        for (int n = 0; n < TN; ++n)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int i = n * 8 + 2 * t + j;
+                if (i >= ch.count) continue;
+                float* o = out + size_t(order[ch.first + i]) * N;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float v = acc[0][n][2 * h + j];
+                    if constexpr (SWIGLU) v = silu(v) * acc[NA - 1][n][2 * h + j];
+                    o[row0 + g + 8 * h] = v;
+                }
+            }
+    }
+}
+
 // Blocks of `kernel` the GPU holds at once (block of `threads`).
 template <typename Kernel>
 int resident_blocks(Kernel kernel, int threads) {
@@ -274,6 +416,26 @@ void launch_moe_gemm(const Ctx& c, int max_chunks, const float* x, const void* c
     const int64_t most = int64_t(max_chunks) * tiles;  // items if every chunk were used
     const int grid = int(std::min<int64_t>(most, resident));
     kernel<<<grid, threads, 0, c.stream>>>(x, experts, order, chunks, n_chunks, out);
+}
+
+template <int K, int N, int TN, bool SWIGLU, int XDIV, int MAT>
+void launch_moe_gemm_rows(const Ctx& c, int max_chunks, const float* x, const void* const* experts, const int32_t* order,
+                          const MoeChunk* chunks, const int32_t* n_chunks, float* out) {
+    constexpr auto kernel = moe_gemm_rows_kernel<K, N, TN, SWIGLU, XDIV, MAT>;
+    constexpr int threads = moe_row_warps<N>() * kWarp;
+    constexpr int tiles = N / (16 * moe_row_warps<N>());
+    static const int resident = resident_blocks(kernel, threads);
+    const int grid = int(std::min<int64_t>(int64_t(max_chunks) * tiles, resident));
+    kernel<<<grid, threads, 0, c.stream>>>(x, experts, order, chunks, n_chunks, out);
+}
+
+// SCR_CUDA_MOE_WIDE=ksplit: wide steps on the k-split kernel too (A/B runs).
+inline bool moe_wide_rows_on() {
+    static const bool on = [] {
+        const char* e = std::getenv("SCR_CUDA_MOE_WIDE");
+        return !(e && std::strcmp(e, "ksplit") == 0);
+    }();
+    return on;
 }
 
 }  // namespace detail
@@ -317,6 +479,13 @@ void moe_experts_grouped(const Ctx& c, int rows, const float* x, const void* con
     else
         detail::moe_group_kernel<E, detail::moe_chunk_pairs(1)><<<1, 1024, 0, c.stream>>>(pairs, top_id, order, chunks, n_chunks);
     if (wide) {
+        if constexpr (H % detail::kMoeRowsStep == 0 && F % detail::kMoeRowsStep == 0) {
+            if (detail::moe_wide_rows_on()) {
+                detail::launch_moe_gemm_rows<H, F, 4, true, TOPK, 0>(c, max_chunks, x, experts, order, chunks, n_chunks, act);
+                detail::launch_moe_gemm_rows<F, H, 4, false, 1, 2>(c, max_chunks, act, experts, order, chunks, n_chunks, y);
+                return;
+            }
+        }
         detail::launch_moe_gemm<H, F, 4, true, TOPK, 0>(c, max_chunks, x, experts, order, chunks, n_chunks, act);
         detail::launch_moe_gemm<F, H, 4, false, 1, 2>(c, max_chunks, act, experts, order, chunks, n_chunks, y);
     } else {
