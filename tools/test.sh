@@ -49,8 +49,9 @@ if [ -f tests/spyre/CMakeLists.txt ]; then
 fi
 if [ -f compiler/targets/cuda_emitter.cpp ] && command -v nvcc >/dev/null 2>&1; then
   echo "== 3b. CUDA target compiles (no GPU here)"
+  # tiny-qwen3-moe-h64: hidden and expert widths of 64, so the wide-step MoE kernel is compiled too.
   cmake -S . -B build-cuda-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DSCR_TARGET=cuda -DSCR_NATIVE=OFF \
-    -DSCR_MODELS="tiny-llama;tiny-qwen3-moe" -DSCR_QUANT="bf16" -DSCR_TESTS=OFF
+    -DSCR_MODELS="tiny-llama;tiny-qwen3-moe;tiny-qwen3-moe-h64" -DSCR_QUANT="bf16" -DSCR_TESTS=OFF
   cmake --build build-cuda-ci -j"$jobs" --target scr
   # The quantized kernels (MLX int4, int8, fp8 per channel and per tensor) too: the same build
   # folder reconfigured, so only the generated models and the link are redone. MoE takes no

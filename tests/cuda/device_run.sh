@@ -42,6 +42,8 @@ step gtest 120 $C/scr_cuda_tests
 [ -x $C/scr_cuda_linear ] && step linear 120 $C/scr_cuda_linear
 [ -x $C/scr_cuda_sample ] && step sample 150 $C/scr_cuda_sample
 [ -x $C/scr_cuda_quant_gemv ] && step quant_gemv 150 $C/scr_cuda_quant_gemv
+[ -x $C/scr_cuda_attention ] && step attention 200 $C/scr_cuda_attention --no-bench
+[ -x $C/scr_cuda_moe ] && step moe 240 $C/scr_cuda_moe --no-bench
 [ "${2:-}" != quick ] && step compare_transformers_1b 100 python3 tests/cuda/compare_transformers.py $SCR /tmp/l1b
 step memcheck_moe 60 compute-sanitizer --tool memcheck --error-exitcode 9 $SCR complete $F/Qwen3MoeForCausalLM --quant bf16 --ids $IDS --max-tokens 4
 step memcheck_llama 60 compute-sanitizer --tool memcheck --error-exitcode 9 $SCR complete $F/long/LlamaForCausalLM --ids $IDS --max-tokens 4
