@@ -324,8 +324,11 @@ struct MmaShape {
     static constexpr int U = CH % U1 == 0 ? (U1 < CH ? U1 : CH) : 1;
 };
 
+// Launch bounds with an explicit minimum of one block per SM: without it ptxas held these kernels to
+// 128-142 registers; told one block is enough it takes 187-230 and keeps more weight loads in flight
+// (8B decode at batch 16: 2,157 against 1,672 tok/s, docs/CUDA.md, session 8).
 template <int K, int TN, bool SWIGLU, bool NORM>
-__global__ void __launch_bounds__(mma_warps(K) * kWarp) mma_linear_kernel(const __grid_constant__ LinearParams p) {
+__global__ void __launch_bounds__(mma_warps(K) * kWarp, 1) mma_linear_kernel(const __grid_constant__ LinearParams p) {
     using S = MmaShape<K, TN, SWIGLU>;
     constexpr int NW = S::NW, KW = S::KW, CH = S::CH, NA = S::NA, MT = S::MT, U = S::U;
     static_assert(KW % 32 == 0, "the MMA linear needs K % 32 == 0");
