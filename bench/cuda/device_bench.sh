@@ -11,7 +11,7 @@
 #   probe            (2 / 10)    GPU, memory, /dev/shm, python packages, node
 #   linear           (10 / 60)   scr_cuda_linear --no-bench, when the carry holds it
 #   make_random_1b   (3 / 30)    2.5 GB checkpoint
-#   bench_1b         (15 / 60)   scr cuda-bench --prompt 128 --decode 128 --prefill 2048 --batches 16,64,256
+#   bench_1b         (15 / 60)   scr cuda-bench --prompt 128 --decode 128 --prefill 2048 --batches 1,16,64,256
 #   make_random_8b   (12 / 60)   16 GB checkpoint
 #   bench_8b         (35 / 90)   same flags
 #   bench_8b_before  (15 / 60)   BEFORE_ENV + BEFORE_ARGS (a session's A/B; default SCR_CUDA_ATTN_SPLIT=0, batch 1 and 4); warm-file start-up
@@ -114,9 +114,9 @@ rm -rf "$D1" "$D8"
 
 # ---- Llama-3.2-1B and Llama-3.1-8B: scr cuda-bench
 step make_random_1b 30 $SCR make-random $CFG/llama/llama-3.2-1b.json "$D1" --dtype bf16 &&
-    step bench_1b 60 $BENCH "$D1" --prompt 128 --decode 128 --prefill 2048 --batches 16,64,256
+    step bench_1b 60 $BENCH "$D1" --prompt 128 --decode 128 --prefill 2048 --batches 1,16,64,256
 step make_random_8b 60 $SCR make-random $CFG/llama/llama-3.1-8b.json "$D8" --dtype bf16 &&
-    step bench_8b 90 $BENCH "$D8" --prompt 128 --decode 128 --prefill 2048 --batches 16,64,256
+    step bench_8b 90 $BENCH "$D8" --prompt 128 --decode 128 --prefill 2048 --batches 1,16,64,256
 # Session 5's A/B from the same binary: the cuBLASLt path as it was (warp-per-row RMSNorm, a hi/lo
 # split and closing pass per matrix), docs/CUDA.md "Session 5: batched decode". Being the second
 # process on these files, its start-up line is also the warm-file start-up.

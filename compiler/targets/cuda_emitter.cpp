@@ -8,6 +8,10 @@
 //   * RoPE followed by attention into one kernel that rotates Q and K and writes K and V straight
 //     into the KV cache (the attention kernel then reads only the cache).
 // Layers whose launches are identical up to the layer index fold into one loop, as on the CPU.
+// A model whose step is exactly LLaMA's (grouped QKV with its norm, RoPE + attention, o + residual,
+// SwiGLU with its norm, down + residual; final norm + lm_head; bf16 weights) also gets run_decode1:
+// with SCR_CUDA_DECODE1=1 its one-token steps run as one persistent kernel (kernels/cuda/decode1.cuh;
+// decode1_plan below; off by default, measured slower than the launches).
 // Quantized weights (MLX affine int4, int8 per channel, fp8 e4m3 per channel or per tensor) run
 // through kernels/cuda/quant_ops.cuh: qlinear / qlinear_group / qlinear_swiglu / qembed over the packed tensors as
 // uploaded; they fold RMSNorms and group Q/K/V as the dense linears do (quantized linears group only
@@ -16,6 +20,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "compiler/targets/emit.hpp"
@@ -85,7 +90,11 @@ public:
         o += fmt::format("    Model(const WeightSet& w, ThreadPool& pool) : CudaGeneratedModel(kInfo, w, pool, {}, {}) {{}}\n\n",
                          g_.scratch_floats, moe_ws);
         o += "protected:\n";
+        const std::string decode1 = decode1_member();
+        o += decode1;
         o += "    void run(const k::Ctx& c, const int T, const int R, std::byte* const kv) override {\n";
+        if (!decode1.empty())
+            o += "        if (T == 1 && R == 1 && c.one_token_per_seq && k::decode1_on() && run_decode1(c, kv)) return;\n";
         o += "        float* const S = dev_scratch();\n";
         o += "        float* const logits = dev_logits();\n";
         o += "        float* const M = dev_moe_workspace();\n";
@@ -639,6 +648,154 @@ private:
         o += "        {\n";
         o += lines(post, 0, 0, ind + "    ");
         o += "        }\n";
+        return o;
+    }
+
+    // ---- The batch-1 persistent decode kernel (kernels/cuda/decode1.cuh) ----
+    // The step must be exactly: embed; per layer grouped Q/K/V with a folded RMSNorm of the residual
+    // stream x, RoPE + attention in one launch (no window, softcap or sinks), o_proj + x, SwiGLU with
+    // a folded RMSNorm of x, down_proj + x; then x's row gathered and lm_head with the final RMSNorm
+    // folded. Every weight bf16, no biases, every layer of the same shapes. Anything else: no
+    // run_decode1, the launch-per-op step only.
+    struct Decode1Layer {
+        int wq, wk, wv, wo, wg, wu, wd, ln_attn, ln_mlp, kv;
+    };
+    struct Decode1Plan {
+        std::vector<Decode1Layer> layers;
+        int embed = -1, final_norm = -1, lm_head = -1;
+        int64_t hid = 0, hq = 0, hkv = 0, d = 0, rot = 0, ffn = 0, vocab = 0, x_offset = 0;
+        double eps = 0, eps_final = 0, scale = 0;
+        std::string rope;
+    };
+    std::optional<Decode1Plan> decode1_plan() const {
+        auto bf16 = [&](int t) { return t >= 0 && !g_.tensors[t].quantized() && g_.tensors[t].dtype == DType::bf16; };
+        auto f32 = [&](int t) { return t >= 0 && g_.tensors[t].dtype == DType::f32; };
+        auto no_bias = [&](const ir::Op& op) { return op.weights.size() < 2 || op.weights[1] < 0; };
+        auto offset = [&](int v) { return v >= 0 && v != g_.output ? g_.values[v].offset : int64_t(-1); };
+        auto attr = [&](const ir::Op& op, const char* k) {
+            auto it = op.attr.find(k);
+            return it == op.attr.end() ? 0.0 : it->second;
+        };
+        std::map<int, std::vector<int>> layers;
+        std::vector<int> pre, post;
+        for (int i = 0; i < int(g_.ops.size()); ++i) {
+            if (skip_[i]) continue;
+            const auto& op = g_.ops[i];
+            if (op.layer >= 0) layers[op.layer].push_back(i);
+            else if (layers.empty()) pre.push_back(i);
+            else post.push_back(i);
+        }
+        Decode1Plan d;
+        if (pre.size() != 1 || layers.empty() || post.size() != 2) return std::nullopt;
+        const ir::Op& em = g_.ops[pre[0]];
+        if (em.kind != ir::OpKind::embed || !bf16(em.weights[0])) return std::nullopt;
+        d.embed = em.weights[0];
+        d.x_offset = offset(em.out[0]);
+        d.hid = g_.values[em.out[0]].width();
+        if (d.x_offset < 0) return std::nullopt;
+        auto is_x = [&](int v) { return offset(v) == d.x_offset && g_.values[v].width() == d.hid; };
+        for (auto& [l, ops] : layers) {
+            if (ops.size() != 5) return std::nullopt;
+            const ir::Op& qkv = g_.ops[ops[0]];
+            const ir::Op& at = g_.ops[ops[1]];
+            const ir::Op& o = g_.ops[ops[2]];
+            const ir::Op& sw = g_.ops[ops[3]];
+            const ir::Op& dn = g_.ops[ops[4]];
+            if (qkv.kind != ir::OpKind::linear || group_[ops[0]].size() != 3 || norm_of_[ops[0]].x < 0 || !is_x(norm_of_[ops[0]].x))
+                return std::nullopt;
+            Decode1Layer ly{};
+            int* qkv_w[3] = {&ly.wq, &ly.wk, &ly.wv};
+            for (int m = 0; m < 3; ++m) {
+                const ir::Op& lin = g_.ops[group_[ops[0]][size_t(m)]];
+                if (!bf16(lin.weights[0]) || !no_bias(lin)) return std::nullopt;
+                *qkv_w[m] = lin.weights[0];
+            }
+            ly.ln_attn = norm_of_[ops[0]].weight;
+            // RoPE + attention as one rope_attention launch (call() makes the same test).
+            if (at.kind != ir::OpKind::attention || !rope_fused_[ops[1]] || attr(at, "softcap") != 0 || attr(at, "window") != 0 ||
+                attr(at, "sinks") != 0)
+                return std::nullopt;
+            const ir::Op& r = g_.ops[ops[1] - 1];
+            if (readers_[r.out[0]] != std::set<int>{ops[1]} || overlap(at.out[0], r.in[0]) || overlap(at.out[0], r.in[1]) ||
+                overlap(at.out[0], at.in[2]))
+                return std::nullopt;
+            if (o.kind != ir::OpKind::linear || group_[ops[2]].size() > 1 || norm_of_[ops[2]].x >= 0 || !bf16(o.weights[0]) ||
+                !no_bias(o) || o.in[0] != at.out[0] || o.residual < 0 || !is_x(o.residual) || !is_x(o.out[0]))
+                return std::nullopt;
+            if (sw.kind != ir::OpKind::linear_swiglu || norm_of_[ops[3]].x < 0 || !is_x(norm_of_[ops[3]].x) || !bf16(sw.weights[0]) ||
+                !bf16(sw.weights[1]))
+                return std::nullopt;
+            if (dn.kind != ir::OpKind::linear || group_[ops[4]].size() > 1 || norm_of_[ops[4]].x >= 0 || !bf16(dn.weights[0]) ||
+                !no_bias(dn) || dn.in[0] != sw.out[0] || dn.residual < 0 || !is_x(dn.residual) || !is_x(dn.out[0]))
+                return std::nullopt;
+            ly.wo = o.weights[0];
+            ly.wg = sw.weights[0];
+            ly.wu = sw.weights[1];
+            ly.wd = dn.weights[0];
+            ly.ln_mlp = norm_of_[ops[3]].weight;
+            ly.kv = at.kv_index;
+            if (!f32(ly.ln_attn) || !f32(ly.ln_mlp)) return std::nullopt;
+            const int64_t hq = int64_t(r.attr.at("q_heads")), hkv = int64_t(r.attr.at("k_heads")), hd = int64_t(r.attr.at("head_dim"));
+            const int64_t rot = int64_t(r.attr.at("rotary_dim")), ffn = int64_t(sw.attr.at("n"));
+            const double eps = norm_of_[ops[0]].eps;
+            const std::string rope = rope_table_.count(r.table) ? rope_table_.at(r.table) : "";
+            if (d.layers.empty()) {
+                d.hq = hq, d.hkv = hkv, d.d = hd, d.rot = rot, d.ffn = ffn, d.eps = eps, d.rope = rope;
+                d.scale = at.attr.at("scale");
+            } else if (hq != d.hq || hkv != d.hkv || hd != d.d || rot != d.rot || ffn != d.ffn || eps != d.eps || rope != d.rope ||
+                       norm_of_[ops[3]].eps != eps || at.attr.at("scale") != d.scale) {
+                return std::nullopt;
+            }
+            if (norm_of_[ops[3]].eps != eps || rope.empty()) return std::nullopt;
+            d.layers.push_back(ly);
+        }
+        const ir::Op& ga = g_.ops[post[0]];
+        const ir::Op& head = g_.ops[post[1]];
+        if (ga.kind != ir::OpKind::gather_rows || !is_x(ga.in[0]) || head.kind != ir::OpKind::linear || group_[post[1]].size() > 1 ||
+            norm_of_[post[1]].x != ga.out[0] || head.out[0] != g_.output || !bf16(head.weights[0]) || !no_bias(head) || head.residual >= 0 ||
+            !f32(norm_of_[post[1]].weight))
+            return std::nullopt;
+        d.final_norm = norm_of_[post[1]].weight;
+        d.eps_final = norm_of_[post[1]].eps;
+        d.lm_head = head.weights[0];
+        d.vocab = int64_t(head.attr.at("n"));
+        const int64_t nqkv = (d.hq + 2 * d.hkv) * d.d;
+        // Shapes the kernel takes: 16-byte rows, whole query groups, head dims the attention reads.
+        if (d.hid % 8 != 0 || d.ffn % 8 != 0 || (d.hq * d.d) % 8 != 0 || d.hq % d.hkv != 0 || d.rot > d.d || d.rot % 2 != 0)
+            return std::nullopt;
+        // Its buffers (qkv, attention, SwiGLU rows) after x's first row.
+        if (d.x_offset + d.hid + nqkv + d.hq * d.d + d.ffn + d.hq * 16 * (d.d + 2) + 320 > g_.scratch_floats) return std::nullopt;
+        return d;
+    }
+
+    std::string decode1_member() const {
+        const auto plan = decode1_plan();
+        if (!plan) return "";
+        const Decode1Plan& d = *plan;
+        const int64_t nqkv = (d.hq + 2 * d.hkv) * d.d;
+        auto a64 = [](int64_t v) { return (v + 63) / 64 * 64; };
+        const int64_t qkv = d.x_offset + a64(d.hid), att = qkv + a64(nqkv), h = att + a64(d.hq * d.d), part = h + a64(d.ffn);
+        std::string o;
+        o += "    // A one-token step as one persistent kernel (kernels/cuda/decode1.cuh): the same bits as run() below.\n";
+        o += fmt::format("    using Decode1 = k::Decode1<{}, {}, {}, {}, {}, {}, {}, {}, {}, {}>;\n", d.hid, d.hq, d.hkv, d.d, d.rot, d.ffn,
+                         d.vocab, d.layers.size(), b_.params.block_size, ctype(b_.preset.kv_cache));
+        o += "    bool run_decode1(const k::Ctx& c, std::byte* const kv) {\n";
+        o += "        Decode1::Params p;\n";
+        for (size_t l = 0; l < d.layers.size(); ++l) {
+            const Decode1Layer& y = d.layers[l];
+            o += fmt::format("        p.layer[{}] = {{dw<bf16_t>({}), dw<bf16_t>({}), dw<bf16_t>({}), dw<bf16_t>({}), dw<bf16_t>({}), "
+                             "dw<bf16_t>({}), dw<bf16_t>({}), dw<float>({}), dw<float>({}), kKvK[{}], kKvV[{}]}};\n",
+                             l, y.wq, y.wk, y.wv, y.wo, y.wg, y.wu, y.wd, y.ln_attn, y.ln_mlp, y.kv, y.kv);
+        }
+        o += fmt::format("        p.embed = dw<bf16_t>({});\n        p.final_norm = dw<float>({});\n        p.lm_head = dw<bf16_t>({});\n",
+                         d.embed, d.final_norm, d.lm_head);
+        o += fmt::format("        p.eps = {};\n        p.eps_final = {};\n        p.scale = {};\n        p.rope = {};\n",
+                         float_literal(d.eps), float_literal(d.eps_final), float_literal(d.scale), d.rope);
+        o += "        p.st = c.step;\n        p.kv = kv;\n        p.block_bytes = kKvBlockBytes;\n";
+        o += fmt::format("        float* const S = dev_scratch();\n        p.x = S + {};\n        p.qkv = S + {};\n        p.attn = S + {};\n"
+                         "        p.h = S + {};\n        p.part = S + {};\n        p.logits = dev_logits();\n        p.sync = dev_sync();\n",
+                         d.x_offset, qkv, att, h, part);
+        o += "        return k::decode1<Decode1>(c, p);\n    }\n\n";
         return o;
     }
 

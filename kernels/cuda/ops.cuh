@@ -2,6 +2,7 @@
 #pragma once
 
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/decode1.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/moe.cuh"

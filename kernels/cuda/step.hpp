@@ -47,6 +47,13 @@ inline int& attention_prefill_override() {
     return v;
 }
 
+// Batch-1 decode as one persistent kernel (kernels/cuda/decode1.cuh): -1: SCR_CUDA_DECODE1 decides
+// (off unless 1), 0: the launch-per-op step, 1: the persistent kernel where the model has one. For tests.
+inline int& decode1_override() {
+    static int v = -1;
+    return v;
+}
+
 struct DevStep {
     const int32_t* header = nullptr;        // [kHeaderInts]
     const int32_t* token_ids = nullptr;     // [launch rows]; padding rows hold 0

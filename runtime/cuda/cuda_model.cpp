@@ -41,6 +41,7 @@ struct CudaGeneratedModel::Impl {
     void* table = nullptr;
     void* scratch = nullptr;
     void* moe_ws = nullptr;
+    void* sync = nullptr;  // dev_sync()
     float* logits_dev = nullptr;
     float* logits_host = nullptr;  // pinned
 
@@ -122,6 +123,9 @@ CudaGeneratedModel::CudaGeneratedModel(const ModelInfo& info, const WeightSet& w
         SCR_CUDA(cudaMalloc(&m.moe_ws, size_t(moe_workspace_floats) * 4));
         dev_moe_ws_ = static_cast<float*>(m.moe_ws);
     }
+    SCR_CUDA(cudaMalloc(&m.sync, 4096));
+    SCR_CUDA(cudaMemset(m.sync, 0, 4096));
+    dev_sync_ = static_cast<unsigned*>(m.sync);
     const size_t logit_bytes = size_t(info.max_logit_rows) * size_t(info.vocab_size) * 4;
     SCR_CUDA(cudaMalloc(reinterpret_cast<void**>(&m.logits_dev), logit_bytes));
     SCR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&m.logits_host), logit_bytes));
@@ -176,6 +180,7 @@ CudaGeneratedModel::~CudaGeneratedModel() {
     cudaFree(m.sampled_dev);
     cudaFreeHost(m.sampled_host);
     cudaFree(m.moe_ws);
+    cudaFree(m.sync);
     cudaFree(m.scratch);
     cudaFree(m.table);
     cudaFree(m.weights);

@@ -63,6 +63,9 @@ protected:
     float* dev_scratch() const { return dev_scratch_; }
     float* dev_logits() const { return dev_logits_; }
     float* dev_moe_workspace() const { return dev_moe_ws_; }
+    // Two counters, zero between launches, for the persistent decode kernel's grid barriers
+    // (kernels/cuda/decode1.cuh).
+    unsigned* dev_sync() const { return dev_sync_; }
 
 private:
     struct Impl;
@@ -72,6 +75,7 @@ private:
     float* dev_scratch_ = nullptr;
     float* dev_logits_ = nullptr;
     float* dev_moe_ws_ = nullptr;
+    unsigned* dev_sync_ = nullptr;
 };
 
 template <typename M>

@@ -220,6 +220,40 @@ TEST(CudaBatch, AttentionHeadSplitKeepsTheBits) {
     }
 }
 
+// The persistent batch-1 decode kernel (kernels/cuda/decode1.cuh) against the launch-per-op step:
+// the same logits, bit for bit, for a 1-token prompt and 24 greedy decode steps of a longer one
+// (graphs captured for each), on the bf16 Llama fixture (the kernel's sums are the GEMV's and its
+// attention rope_attention_kernel's). Each run loads the model afresh, so each captures its own graph.
+TEST(CudaDecode1, KeepsTheBits) {
+    REQUIRE_GPU();
+    auto run = [](int mode) {
+        kernels::cuda::decode1_override() = mode;
+        auto lm = load_model((kFixtures / "LlamaForCausalLM").string(), LoadOptions{.quant = "bf16", .load_text = false});
+        std::vector<float> all;
+        {
+            SequenceRunner one(*lm.model, 4);
+            const int32_t tok = 17;
+            auto l = one.feed(std::span<const int32_t>(&tok, 1));
+            all.insert(all.end(), l.begin(), l.end());
+        }
+        const std::vector<int32_t> prompt = {5, 9, 2, 7, 100, 33, 21, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19};
+        SequenceRunner r(*lm.model, int(prompt.size()) + 26);
+        auto logits = r.feed(prompt);
+        for (int i = 0; i < 24; ++i) {
+            const int32_t next = argmax(logits);
+            logits = r.feed(std::span<const int32_t>(&next, 1));
+            all.insert(all.end(), logits.begin(), logits.end());
+        }
+        kernels::cuda::decode1_override() = -1;
+        return all;
+    };
+    const std::vector<float> launches = run(0), persistent = run(1);
+    ASSERT_EQ(launches.size(), persistent.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < launches.size(); ++i) differ += std::memcmp(&launches[i], &persistent[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << differ << " of " << launches.size() << " logits differ";
+}
+
 // The engine (chunked prefill mixing with decodes, eager; then decode-only steps, graphs) against
 // each prompt alone: the same greedy tokens.
 TEST(CudaEngine, GreedyRequestsMatchAlone) {

@@ -1,0 +1,864 @@
+// Batch-1 decode of a LLaMA-shaped bf16 model as ONE persistent kernel (issue #6: batch-1 decode
+// at 80 % / 90 % of the bandwidth floor). The launch-per-op step pays ~5 us of ramp, tail and
+// dependency per GEMV launch (docs/CUDA.md, session 6): ~85 launch boundaries per 1B token, a
+// third of its step. Here one block per SM runs the whole step, layer after layer, and the op
+// boundaries become grid barriers. What makes the barriers cheap is that the weights never depend
+// on the activations: every warp knows, from the compiled shapes alone, the whole sequence of
+// weight tiles it will multiply in this step, and streams them (cp.async, 16 bytes per lane) into
+// its own ring of shared-memory slots as fast as slots free up, across op and layer boundaries.
+// While a warp waits at a barrier or the block runs the attention, its next tiles keep arriving,
+// so HBM stays busy through the dependency points that idle it between launches.
+//
+// Same bits as the launch-per-op step: every output is summed exactly as the GEMV (linear.cuh:
+// gemv_tile) sums it at 1-8 rows: the row's K cut into gemv_ksplit pieces, a lane's chunks of a
+// piece lane-strided in increasing order with the 8 products of a chunk in order, a butterfly over
+// the warp per piece, the pieces added in order; a folded RMSNorm's sum of squares cut and reduced
+// the same way, y = acc * inv. The attention is rope_attention_kernel's with one query head per
+// block: the same rotation, the same K/V row written to the cache and read back, the same 16
+// (virtual) warps over the KV blocks with the same online softmax and merge (attend_group). So a
+// sequence's logits do not change when it decodes alone or beside others (tests/cuda/
+// cuda_model_test.cpp: CudaBatch.DecodeStepEqualsAloneBf16, CudaDecode1.KeepsTheBits).
+//
+// Ops, per layer: QKV (RMSNorm folded, grouped), attention (+ RoPE, KV append), o_proj + residual,
+// gate/up + SwiGLU (RMSNorm folded), down + residual; then the final RMSNorm + lm_head into the
+// logits. The CUDA emitter selects it for a model whose step is exactly that (compiler/targets/
+// cuda_emitter.cpp: decode1_plan); the runtime runs it for one-token, one-logit-row steps with
+// SCR_CUDA_DECODE1=1. It is OFF by default: on the H200 it is slower than the launch-per-op step
+// (docs/CUDA.md, "Session 9: a persistent batch-1 decode kernel"). Its SCR_CUDA_DECODE1_TRACE=1
+// timings show why: each grid barrier costs ~3 us (fence, atomic, poll), four per layer, and the
+// slowest SM sets every phase's end; programmatic dependent launches overlap a kernel boundary
+// for less. The next step is dataflow waits (a counter per produced chunk) instead of barriers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <algorithm>
+#include <cstdio>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/linear.cuh"
+
+namespace scr::kernels::cuda {
+
+// One layer's weights (row-major [out][in] bf16; RMSNorm weights f32) and its KV offsets.
+struct Decode1Layer {
+    const bf16_t* wq = nullptr;
+    const bf16_t* wk = nullptr;
+    const bf16_t* wv = nullptr;
+    const bf16_t* wo = nullptr;
+    const bf16_t* wg = nullptr;
+    const bf16_t* wu = nullptr;
+    const bf16_t* wd = nullptr;
+    const float* ln_attn = nullptr;
+    const float* ln_mlp = nullptr;
+    int64_t k_off = 0, v_off = 0;
+};
+
+template <int L, int HALF>
+struct Decode1Params {
+    Decode1Layer layer[L];
+    const bf16_t* embed = nullptr;
+    const float* final_norm = nullptr;
+    const bf16_t* lm_head = nullptr;
+    float eps = 0.0f, eps_final = 0.0f, scale = 0.0f;
+    RopeFreqs<HALF> rope;
+    DevStep st;
+    std::byte* kv = nullptr;
+    int64_t block_bytes = 0;
+    float* x = nullptr;       // [HID] the residual stream
+    float* qkv = nullptr;     // [(HQ + 2 HKV) D]
+    float* attn = nullptr;    // [HQ D]
+    float* h = nullptr;       // [FFN]
+    float* part = nullptr;    // [HQ][16][D + 2]: the attention warps' partial softmaxes
+    float* logits = nullptr;  // [VOCAB]
+    unsigned* sync = nullptr;  // [64 + HQ] (d1::SyncWord), zero between launches
+    unsigned long long* trace = nullptr;  // SCR_CUDA_DECODE1_TRACE=1: per block, the time of each event (d1::Trace)
+};
+
+namespace d1 {
+
+constexpr int kSlotBytes = 8192;  // one ring slot: a tile of weights
+constexpr int kSlotsPerWarp = 2;
+constexpr int kSmemLimit = 227 * 1024;
+
+constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
+
+// Geometry of one GEMV phase: N rows of K (NSRC matrices read row for row: SwiGLU's gate and up),
+// RDIV a divisor of every segment's row count. A unit (U rows, or one row) is one warp's; a tile
+// (one ring slot) is TILE_CH chunk positions of it (NSRC x 16 bytes each).
+template <int K, int N, int NSRC, int RDIV>
+struct Phase {
+    static constexpr int kNsrc = NSRC;
+    static constexpr int kK = K;
+    static_assert(K % 8 == 0, "decode1: K must be a whole number of 16-byte chunks");
+    static constexpr int ROW_CH = K / 8;
+    static constexpr int KS = detail::gemv_ksplit(N, K, 8);  // the GEMV's pieces: the same sums
+    static_assert(ROW_CH % KS == 0, "decode1: the GEMV's K pieces must be equal");
+    static constexpr int PC = ROW_CH / KS;  // chunks per piece
+    static constexpr int MAXCH = kSlotBytes / (16 * NSRC);
+    static constexpr int pick_u() {
+        int u = 1;
+        while (ROW_CH * u * 2 <= MAXCH && RDIV % (u * 2) == 0) u *= 2;
+        return ROW_CH * u <= MAXCH ? u : 1;
+    }
+    static constexpr int U = pick_u();
+    static constexpr int UNIT_CH = U * ROW_CH;
+    static constexpr int pick_tile() {
+        if (UNIT_CH <= MAXCH) return UNIT_CH;
+        if (PC <= MAXCH) {  // whole pieces: the most that fit and divide the row
+            for (int d = KS; d >= 1; --d)
+                if (KS % d == 0 && PC * d <= MAXCH) return PC * d;
+        }
+        for (int t = MAXCH - MAXCH % 32; t >= 32; t -= 32)  // part of a piece, in whole lane rounds
+            if (PC % t == 0) return t;
+        return 0;
+    }
+    static constexpr int TILE_CH = pick_tile();
+    static_assert(TILE_CH > 0, "decode1: no tile of this phase fits a ring slot");
+    static constexpr int TPU = UNIT_CH / TILE_CH;  // tiles per unit
+    static constexpr int FRAG = PC < TILE_CH ? PC : TILE_CH;  // chunks of one piece within one tile
+    static constexpr int FPT = TILE_CH / FRAG;    // fragments per tile
+    static constexpr int FPP = PC / FRAG;         // fragments per piece
+    static constexpr int J = (FRAG + kWarp - 1) / kWarp;  // a lane's chunks per fragment
+    static constexpr int NU = N / U;
+    static_assert(N % U == 0);
+};
+
+__device__ __forceinline__ uint32_t ld_acquire(const unsigned* p) {
+    uint32_t v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Bulk copies (TMA, one lane issues a whole tile) completing on an mbarrier per ring slot.
+__device__ __forceinline__ void mbar_init(uint32_t bar) { asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory"); }
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst), "l"(src),
+                 "r"(bytes), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+// Timestamps of a launch for SCR_CUDA_DECODE1_TRACE (block-level events, thread 0 records).
+struct Trace {
+    unsigned long long* t;
+    int n = 0;
+    static constexpr int kMax = 1024;
+    __device__ __forceinline__ void mark() {
+        if (t && threadIdx.x == 0 && n < kMax) {
+            unsigned long long v;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
+            t[size_t(blockIdx.x) * kMax + n] = v;
+        }
+        ++n;
+    }
+};
+
+// The sync buffer: barrier arrivals, blocks finished, the barrier's release word (its own 128-byte
+// line: the waiting blocks poll it, not the line the arrivals' atomics hit), per-head counters.
+enum SyncWord : int { kArrive = 0, kExit = 1, kRelease = 32, kHeads = 64 };
+
+// All blocks of the grid (one per SM, all resident) meet; writes before it are seen after it. The
+// last block to arrive publishes the barrier's number; the others wait for it.
+__device__ __forceinline__ void grid_sync(unsigned* sync, unsigned& passed, Trace& tr) {
+    __syncthreads();
+    tr.mark();
+    ++passed;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const unsigned old = atomicAdd(sync + kArrive, 1u);
+        if (old + 1 == passed * gridDim.x) {
+            asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(sync + kRelease), "r"(passed) : "memory");
+        } else {
+            while (ld_acquire(sync + kRelease) < passed) {
+            }
+        }
+    }
+    __syncthreads();
+    tr.mark();
+}
+
+}  // namespace d1
+
+template <int HID, int HQ, int HKV, int D, int ROT, int FFN, int VOCAB, int L, int BS, typename KVT>
+struct Decode1 {
+    static constexpr int kHid = HID, kHq = HQ, kD = D, kRot = ROT, kFfn = FFN, kL = L, kBS = BS;
+    using KvT = KVT;
+    static constexpr int G = HQ / HKV;
+    static constexpr int NQ = HQ * D, NKV = HKV * D, NQKV = NQ + 2 * NKV;
+    using PQkv = d1::Phase<HID, NQKV, 1, d1::gcd(NQ, NKV)>;
+    using PO = d1::Phase<NQ, HID, 1, HID>;
+    using PGu = d1::Phase<HID, FFN, 2, FFN>;
+    using PDn = d1::Phase<FFN, HID, 1, HID>;
+    using PHead = d1::Phase<HID, VOCAB, 1, VOCAB>;
+    static constexpr int KMAX = HID > FFN ? (HID > NQ ? HID : NQ) : (FFN > NQ ? FFN : NQ);
+    static constexpr int NWV = detail::attention_warps<G, D>();  // rope_attention_kernel's warps over KV blocks
+    static constexpr int ATT_FLOATS = 3 * D + NWV * (D + 2);
+    static_assert(64 + HQ <= 1024, "decode1: the sync buffer holds a counter per query head");
+    // The phase's input, and (RMSNorm phases) the raw rows behind it at act + HID.
+    static constexpr int ACT_NEED = KMAX > 2 * HID ? KMAX : 2 * HID;
+    static constexpr int ACT_FLOATS = ACT_NEED > ATT_FLOATS ? ACT_NEED : ATT_FLOATS;
+    static_assert(HID % 8 == 0 && NQ % 4 == 0 && FFN % 4 == 0);
+    static constexpr int ACT_BYTES = (ACT_FLOATS * 4 + 127) / 128 * 128;
+    static constexpr int RING_WARP = d1::kSlotsPerWarp * d1::kSlotBytes;
+    static constexpr int NW_FIT = (d1::kSmemLimit - ACT_BYTES - 1024) / RING_WARP;
+    static constexpr int NW = NW_FIT > 16 ? 16 : NW_FIT;
+    static_assert(NW >= 4, "decode1: the activations leave too little shared memory for the weight rings");
+    static constexpr int SMEM = ACT_BYTES + NW * RING_WARP;
+    static constexpr int kPhasesPerLayer = 4;
+    static constexpr int kLastPhase = kPhasesPerLayer * L;  // the lm_head
+    static constexpr int UNITS_LAYER = PQkv::NU + PO::NU + PGu::NU + PDn::NU;
+    using Params = Decode1Params<L, ROT / 2>;
+};
+
+
+namespace d1 {
+
+// Units of phase q (layer q / 4, op q % 4; q = 4L the lm_head) and tiles per unit.
+template <class M>
+__device__ __forceinline__ void phase_shape(int q, int& nu, int& tpu) {
+    const int kind = q < M::kLastPhase ? q % M::kPhasesPerLayer : 4;
+    switch (kind) {
+        case 0: nu = M::PQkv::NU; tpu = M::PQkv::TPU; break;
+        case 1: nu = M::PO::NU; tpu = M::PO::TPU; break;
+        case 2: nu = M::PGu::NU; tpu = M::PGu::TPU; break;
+        case 3: nu = M::PDn::NU; tpu = M::PDn::TPU; break;
+        default: nu = M::PHead::NU; tpu = M::PHead::TPU; break;
+    }
+}
+
+// Units of the step before phase q (q = 4L: every layer's).
+template <class M>
+__device__ __forceinline__ long long units_before(int q) {
+    const int kind = q < M::kLastPhase ? q % M::kPhasesPerLayer : 0;
+    long long b = (long long)(q / M::kPhasesPerLayer) * M::UNITS_LAYER;
+    if (kind > 0) b += M::PQkv::NU;
+    if (kind > 1) b += M::PO::NU;
+    if (kind > 2) b += M::PGu::NU;
+    return b;
+}
+
+// A warp's walk over its tiles of the step. Unit u of phase q is global warp (u + rot) % GW's, rot =
+// the units of the step before the phase, so over the step the warps' shares differ by at most a
+// unit per phase. (Claiming units from an atomic counter per phase instead measured much slower:
+// 1.45 against 1.08 ms per 1B token; every claim's round trip stalls the warp; docs/CUDA.md.)
+struct Loader {
+    int q = 0, idx = 0, n = 0, first = 0, tpu = 1;
+    int unit = 0, t = 0;  // the current tile
+};
+struct SlotInfo {
+    int q, unit, t;
+};
+template <class M>
+__device__ __forceinline__ void loader_enter(Loader& L, int q, int gw, int GW) {
+    for (; q <= M::kLastPhase; ++q) {
+        int nu, tpu;
+        phase_shape<M>(q, nu, tpu);
+        const int rot = int(units_before<M>(q) % GW);
+        const int first = ((gw - rot) % GW + GW) % GW;
+        if (first < nu) {
+            L.q = q;
+            L.first = first;
+            L.idx = -1;
+            L.n = ((nu - 1 - first) / GW + 1) * tpu;
+            L.tpu = tpu;
+            return;
+        }
+    }
+    L.q = M::kLastPhase + 1;
+}
+template <class M>
+__device__ __forceinline__ void loader_next(Loader& L, int gw, int GW) {
+    if (L.q > M::kLastPhase) return;
+    if (++L.idx >= L.n) {
+        loader_enter<M>(L, L.q + 1, gw, GW);
+        if (L.q > M::kLastPhase) return;
+        L.idx = 0;
+    }
+    L.unit = L.first + (L.idx / L.tpu) * GW;
+    L.t = L.idx % L.tpu;
+}
+
+// Where row `row`'s source `s` of phase kind `kind` (layer `ly`) starts.
+template <class M>
+__device__ __forceinline__ const bf16_t* row_ptr(const typename M::Params& p, int kind, int ly, int row, int s) {
+    switch (kind) {
+        case 0: {
+            const Decode1Layer& w = p.layer[ly];
+            if (row < M::NQ) return w.wq + size_t(row) * M::PQkv::kK;
+            if (row < M::NQ + M::NKV) return w.wk + size_t(row - M::NQ) * M::PQkv::kK;
+            return w.wv + size_t(row - M::NQ - M::NKV) * M::PQkv::kK;
+        }
+        case 1: return p.layer[ly].wo + size_t(row) * M::PO::kK;
+        case 2: return (s == 0 ? p.layer[ly].wg : p.layer[ly].wu) + size_t(row) * M::PGu::kK;
+        case 3: return p.layer[ly].wd + size_t(row) * M::PDn::kK;
+        default: return p.lm_head + size_t(row) * M::PHead::kK;
+    }
+}
+
+// Tile `t` of unit `unit` into `slot` (lane 0): the unit's rows are contiguous in memory and a tile
+// is a contiguous chunk range of them, so one bulk copy per source, landing at s * TILE_CH * 16.
+template <class M, class P>
+__device__ __forceinline__ void issue_tile(const typename M::Params& p, int kind, int ly, int unit, int t, unsigned char* slot, uint32_t bar) {
+    constexpr uint32_t kBytes = P::TILE_CH * 16;
+    mbar_expect(bar, kBytes * P::kNsrc);
+#pragma unroll
+    for (int s = 0; s < P::kNsrc; ++s)
+        bulk_copy(smem_addr(slot + size_t(s) * kBytes), row_ptr<M>(p, kind, ly, unit * P::U, s) + size_t(t) * P::TILE_CH * 8, kBytes, bar);
+}
+
+// The loader (lane 0; the other lanes skip): the loader's tile, if any, into `slot`, and what it
+// is into `info` (the step's end: q = 4L + 1).
+template <class M>
+__device__ __forceinline__ void issue(const typename M::Params& p, const Loader& L, unsigned char* slot, uint32_t bar, SlotInfo* info,
+                                      int lane) {
+    if (lane != 0) return;
+    *info = SlotInfo{L.q, L.unit, L.t};
+    if (L.q > M::kLastPhase) return;
+    const int kind = L.q < M::kLastPhase ? L.q % M::kPhasesPerLayer : 4;
+    const int ly = L.q / M::kPhasesPerLayer;
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the slot's earlier reads before the async writes
+    switch (kind) {
+        case 0: issue_tile<M, typename M::PQkv>(p, 0, ly, L.unit, L.t, slot, bar); break;
+        case 1: issue_tile<M, typename M::PO>(p, 1, ly, L.unit, L.t, slot, bar); break;
+        case 2: issue_tile<M, typename M::PGu>(p, 2, ly, L.unit, L.t, slot, bar); break;
+        case 3: issue_tile<M, typename M::PDn>(p, 3, ly, L.unit, L.t, slot, bar); break;
+        default: issue_tile<M, typename M::PHead>(p, 4, ly, L.unit, L.t, slot, bar); break;
+    }
+}
+
+// Copies K floats of global `src` (written by other blocks before the last grid barrier: L2, not
+// L1) into shared `dst`, every thread's 16-byte loads issued before any is stored.
+template <int K, int NT>
+__device__ __forceinline__ void stage(const float* src, float* dst) {
+    constexpr int V = K / 4, PER = (V + NT - 1) / NT;
+    float4 r[PER];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int i = threadIdx.x + j * NT;
+        if (i < V) r[j] = __ldcg(reinterpret_cast<const float4*>(src) + i);
+    }
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int i = threadIdx.x + j * NT;
+        if (i < V) reinterpret_cast<float4*>(dst)[i] = r[j];
+    }
+}
+
+// The input of a phase with a folded RMSNorm: act = x * w (as the GEMV's xf *= nw) and the raw x
+// at act + K, then the GEMV's 1 / rms: each of the phase's KS pieces' sums of squares over
+// lane-strided chunks, a butterfly, then the pieces in order. `x` is the residual stream, or (layer
+// 0) the bf16 embedding row. Loads are all issued before use (one L2 / HBM latency, not K / NT).
+template <class P, int NT, typename XT>
+__device__ __forceinline__ float norm_act(const XT* x, const float* w, float eps, float* act, float* red) {
+    constexpr int K = P::kK;
+    constexpr int V = K / 8, PER = (V + NT - 1) / NT;  // 8-float chunks
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    float* xs = act + K;
+    float xv[PER][8], wv[PER][8];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int c = threadIdx.x + j * NT;
+        if (c >= V) continue;
+        if constexpr (std::is_same_v<XT, float>) {
+            const float4 a = __ldcg(reinterpret_cast<const float4*>(x) + 2 * c);
+            const float4 b = __ldcg(reinterpret_cast<const float4*>(x) + 2 * c + 1);
+            xv[j][0] = a.x; xv[j][1] = a.y; xv[j][2] = a.z; xv[j][3] = a.w;
+            xv[j][4] = b.x; xv[j][5] = b.y; xv[j][6] = b.z; xv[j][7] = b.w;
+        } else {
+            Vec16<XT>::unpack(*reinterpret_cast<const uint4*>(x + size_t(c) * 8), xv[j]);
+        }
+        const float4 a = __ldg(reinterpret_cast<const float4*>(w) + 2 * c);
+        const float4 b = __ldg(reinterpret_cast<const float4*>(w) + 2 * c + 1);
+        wv[j][0] = a.x; wv[j][1] = a.y; wv[j][2] = a.z; wv[j][3] = a.w;
+        wv[j][4] = b.x; wv[j][5] = b.y; wv[j][6] = b.z; wv[j][7] = b.w;
+    }
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const int c = threadIdx.x + j * NT;
+        if (c >= V) continue;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            xs[c * 8 + i] = xv[j][i];
+            act[c * 8 + i] = xv[j][i] * wv[j][i];
+        }
+    }
+    __syncthreads();
+    for (int s = warp; s < P::KS; s += NT / kWarp) {
+        float ss = 0.0f;
+        for (int c = s * P::PC + lane; c < (s + 1) * P::PC; c += kWarp)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const float v = xs[c * 8 + i];
+                ss += v * v;
+            }
+        ss = warp_sum(ss);
+        if (lane == 0) red[s] = ss;
+    }
+    __syncthreads();
+    float ss;
+    if constexpr (P::KS > 1) {
+        ss = 0.0f;
+        for (int s = 0; s < P::KS; ++s) ss += red[s];
+    } else {
+        ss = red[0];
+    }
+    return 1.0f / sqrtf(ss / float(K) + eps);
+}
+
+// Consumes this warp's tiles of phase q (kind KIND) from its ring: the GEMV's sums per row, then
+// the epilogue by lane 0. Each consumed slot is refilled at once with the loader's next tile.
+template <class M, class P, int KIND>
+__device__ __forceinline__ void consume(const typename M::Params& p, int q, Loader& ld, int gw, int GW, SlotInfo* info,
+                                        unsigned char* ring, uint32_t bars, unsigned& ci, const float* act, float inv) {
+    const int lane = threadIdx.x % kWarp;
+    constexpr int NS = P::kNsrc;
+    float part[NS], v[NS];
+#pragma unroll
+    for (int s = 0; s < NS; ++s) part[s] = v[s] = 0.0f;
+    float res = 0.0f;  // residual phases: x[row] of the unit's row `lane`, read ahead of its use
+    for (;;) {
+        const int slot = int(ci % d1::kSlotsPerWarp);
+        const SlotInfo si = info[slot];
+        if (si.q != q) break;
+        const int unit = si.unit, t = si.t;
+        if constexpr (KIND == 1 || KIND == 3) {
+            if (t == 0 && lane < P::U) res = __ldcg(p.x + unit * P::U + lane);
+        }
+        const uint32_t bar = bars + 8u * slot;
+        mbar_wait(bar, (ci / d1::kSlotsPerWarp) & 1u);
+        unsigned char* tile = ring + size_t(slot) * d1::kSlotBytes;
+#pragma unroll
+        for (int f = 0; f < P::FPT; ++f) {
+            const int gf = t * P::FPT + f, pi = gf / P::FPP, sub = gf % P::FPP;
+            const int kp = pi % P::KS;
+            const int cbase = kp * P::PC + sub * P::FRAG;
+#pragma unroll
+            for (int j = 0; j < P::J; ++j) {
+                const int c = lane + j * kWarp;
+                if (P::FRAG % kWarp != 0 && c >= P::FRAG) break;
+                const float4 x0 = *reinterpret_cast<const float4*>(act + (cbase + c) * 8);
+                const float4 x1 = *reinterpret_cast<const float4*>(act + (cbase + c) * 8 + 4);
+                const float xf[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+                for (int s = 0; s < NS; ++s) {
+                    const uint4 wv = *reinterpret_cast<const uint4*>(tile + size_t(s * P::TILE_CH + f * P::FRAG + c) * 16);
+                    float wf[8];
+                    Vec16<bf16_t>::unpack(wv, wf);
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) part[s] += xf[i] * wf[i];
+                }
+            }
+            if (sub == P::FPP - 1) {  // a piece done: its butterfly, added in piece order
+#pragma unroll
+                for (int s = 0; s < NS; ++s) {
+                    const float ps = warp_sum(part[s]);
+                    part[s] = 0.0f;
+                    if (kp == 0) v[s] = P::KS > 1 ? 0.0f + ps : ps;
+                    else v[s] += ps;
+                }
+                if (kp == P::KS - 1) {  // a row done
+                    const int row = unit * P::U + pi / P::KS;
+                    float r0 = 0.0f;
+                    if constexpr (KIND == 1 || KIND == 3) r0 = __shfl_sync(0xffffffffu, res, pi / P::KS);
+                    if (lane != 0) {
+                    } else if constexpr (KIND == 0) {
+                        p.qkv[row] = v[0] * inv;
+                    } else if constexpr (KIND == 1 || KIND == 3) {
+                        p.x[row] = r0 + v[0];
+                    } else if constexpr (KIND == 2) {
+                        p.h[row] = silu(v[0] * inv) * (v[NS - 1] * inv);
+                    } else {
+                        p.logits[row] = v[0] * inv;
+                    }
+                }
+            }
+        }
+        __syncwarp();  // every lane is done with the slot (and its info) before it is refilled
+        issue<M>(p, ld, tile, bar, info + slot, lane);
+        loader_next<M>(ld, gw, GW);
+        __syncwarp();  // the new info is seen by every lane
+        ++ci;
+    }
+}
+
+// Pulls into L2 the K/V rows this block's attention items will read (written by earlier steps), a
+// phase ahead of the attention, so its key loop waits on L2 rather than HBM.
+template <class M>
+__device__ __forceinline__ void prefetch_kv(const typename M::Params& p, int ly) {
+    constexpr int D = M::kD, G = M::G, NWV = M::NWV, BS = M::kBS;
+    constexpr int kRowBytes = BS * D * int(sizeof(typename M::KvT));
+    const AttnToken tk = attn_token(p.st, 0, AttnExtras{});
+    const int nblocks = (tk.ctx + BS - 1) / BS;
+    const int VS = max(1, min(NWV, int(gridDim.x) / M::kHq)), VPB = (NWV + VS - 1) / VS;
+    const Decode1Layer& w = p.layer[ly];
+    for (int item = blockIdx.x; item < M::kHq * VS; item += gridDim.x) {
+        const int g = (item / VS) / G, part = item % VS;
+        const int lines = kRowBytes / 128;
+        for (int vw = part * VPB; vw < min(NWV, (part + 1) * VPB); ++vw)
+            for (int i = threadIdx.x; i < ((nblocks - vw + NWV - 1) / NWV) * lines; i += blockDim.x) {
+                const int blk = vw + (i / lines) * NWV;
+                if (blk >= nblocks) break;
+                const std::byte* base = p.kv + int64_t(tk.table[blk]) * p.block_bytes + size_t(g) * kRowBytes + (i % lines) * 128;
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(base + w.k_off));
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(base + w.v_off));
+            }
+    }
+}
+
+// Decode attention of layer `ly` for the step's one token: rope_attention_kernel's arithmetic
+// (GS = G: one query head's work is the same in any grouping) with its NWV warps over KV blocks
+// spread over VS blocks per head, NWV / VS each, so that 4x more SMs share the latency-bound key
+// loop. Every block of a head rotates q and k and writes the same K/V row to the slot (the same
+// bits, as the GS split does), reads it back, and writes its warps' (max, sum, weighted V) to
+// `part`; the head's block 0 waits for the others (a counter per head, not a grid barrier), then
+// merges all NWV in warp order exactly as merge_warps does.
+template <class M>
+__device__ __forceinline__ void attention(const typename M::Params& p, int ly, float* sm) {
+    constexpr int D = M::kD, G = M::G, NWV = M::NWV, BS = M::kBS, ROT = M::kRot, kHalf = ROT / 2;
+    constexpr int DPL = (D + kWarp - 1) / kWarp;
+    constexpr int PS = D + 2;  // a warp's partial: acc[D], m, l
+    using KVT = typename M::KvT;
+    float* sq = sm;
+    float* sk = sm + D;
+    float* sv = sm + 2 * D;
+    float* merge = sm + 3 * D;  // [NWV][PS]
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    const AttnToken tk = attn_token(p.st, 0, AttnExtras{});
+    const int nblocks = (tk.ctx + BS - 1) / BS;
+    const Decode1Layer& w = p.layer[ly];
+    const int VS = max(1, min(NWV, int(gridDim.x) / M::kHq));  // every item of a head runs at once: no block waits on itself
+    const int VPB = (NWV + VS - 1) / VS;
+    unsigned* head_done = p.sync + kHeads;
+    for (int item = blockIdx.x; item < M::kHq * VS; item += gridDim.x) {
+        const int h = item / VS, part = item % VS;
+        const int g = h / G;
+        for (int i = threadIdx.x; i < D; i += blockDim.x) {
+            sq[i] = __ldcg(p.qkv + h * D + i);
+            sk[i] = __ldcg(p.qkv + M::NQ + g * D + i);
+            sv[i] = __ldcg(p.qkv + M::NQ + M::NKV + g * D + i);
+        }
+        __syncthreads();
+        const float pos = float(tk.ctx - 1);
+        for (int wi = threadIdx.x; wi < 2 * kHalf; wi += blockDim.x) {
+            float* head = wi < kHalf ? sq : sk;
+            const int i = wi % kHalf;
+            float sn, cs;
+            sincosf(pos * p.rope.inv_freq[i], &sn, &cs);
+            detail::rotate_pair<ROT>(head, head, i, cs, sn);
+        }
+        __syncthreads();
+        const int64_t slot = p.st.slot_mapping[0];
+        if (slot >= 0) {
+            std::byte* base = p.kv + (slot / BS) * p.block_bytes;
+            KVT* kd = reinterpret_cast<KVT*>(base + w.k_off) + (size_t(g) * BS + slot % BS) * D;
+            KVT* vd = reinterpret_cast<KVT*>(base + w.v_off) + (size_t(g) * BS + slot % BS) * D;
+            for (int i = threadIdx.x; i < D; i += blockDim.x) {
+                kd[i] = from_f32<KVT>(sk[i]);
+                vd[i] = from_f32<KVT>(sv[i]);
+            }
+        }
+        __syncthreads();  // the block's own K/V writes are visible to its threads: read back below
+        for (int vw = part * VPB + warp; vw < min(NWV, (part + 1) * VPB); vw += M::NW) {
+            float qr[DPL], acc[DPL], m = -INFINITY, l = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DPL; ++i) {
+                const int d = lane + i * kWarp;
+                qr[i] = d < D ? sq[d] : 0.0f;
+                acc[i] = 0.0f;
+            }
+            for (int blk = tk.first / BS + vw; blk < nblocks; blk += NWV) {
+                const std::byte* base = p.kv + int64_t(tk.table[blk]) * p.block_bytes;
+                const KVT* kb = reinterpret_cast<const KVT*>(base + w.k_off) + size_t(g) * BS * D;
+                const KVT* vb = reinterpret_cast<const KVT*>(base + w.v_off) + size_t(g) * BS * D;
+                const int j0 = max(0, tk.first - blk * BS), n = min(BS, tk.ctx - blk * BS);
+                constexpr int kKeys = BS % 8 == 0 ? 8 : (BS % 4 == 0 ? 4 : 1);
+                for (int jg = 0; jg < BS; jg += kKeys) {
+                    if (jg >= n) break;
+                    if (jg + kKeys <= j0) continue;
+                    float kd[kKeys][DPL], vd[kKeys][DPL];
+#pragma unroll
+                    for (int jj = 0; jj < kKeys; ++jj) {
+                        const int j = jg + jj;
+                        const bool live = j >= j0 && j < n;
+#pragma unroll
+                        for (int i = 0; i < DPL; ++i) {
+                            const int d = lane + i * kWarp;
+                            kd[jj][i] = live && d < D ? to_f32(kb[size_t(j) * D + d]) : 0.0f;
+                            vd[jj][i] = live && d < D ? to_f32(vb[size_t(j) * D + d]) : 0.0f;
+                        }
+                    }
+                    float sc[kKeys];
+                    float m_grp = m;
+#pragma unroll
+                    for (int jj = 0; jj < kKeys; ++jj) {
+                        float s = 0.0f;
+#pragma unroll
+                        for (int i = 0; i < DPL; ++i) s += qr[i] * kd[jj][i];
+                        s = warp_sum(s) * p.scale;
+                        const int j = jg + jj;
+                        sc[jj] = (j >= j0 && j < n) ? s : -INFINITY;
+                        m_grp = fmaxf(m_grp, sc[jj]);
+                    }
+                    const float alpha = expf(m - m_grp);
+                    l *= alpha;
+#pragma unroll
+                    for (int i = 0; i < DPL; ++i) acc[i] *= alpha;
+#pragma unroll
+                    for (int jj = 0; jj < kKeys; ++jj) {
+                        const float pr = expf(sc[jj] - m_grp);
+                        l += pr;
+#pragma unroll
+                        for (int i = 0; i < DPL; ++i) acc[i] += pr * vd[jj][i];
+                    }
+                    m = m_grp;
+                }
+            }
+            float* out = p.part + (size_t(h) * NWV + vw) * PS;
+#pragma unroll
+            for (int i = 0; i < DPL; ++i) {
+                const int d = lane + i * kWarp;
+                if (d < D) out[d] = acc[i];
+            }
+            if (lane == 0) {
+                out[D] = m;
+                out[D + 1] = l;
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            atomicAdd(head_done + h, 1u);
+            if (part == 0)
+                while (ld_acquire(head_done + h) < unsigned(ly + 1) * unsigned(VS)) {
+                }
+            __threadfence();
+        }
+        __syncthreads();
+        if (part == 0) {
+            for (int i = threadIdx.x; i < NWV * PS; i += blockDim.x) merge[i] = __ldcg(p.part + size_t(h) * NWV * PS + i);
+            __syncthreads();
+            for (int d = threadIdx.x; d < D; d += blockDim.x) {  // merge_warps, no sinks
+                float mx = -INFINITY;
+                for (int v = 0; v < NWV; ++v) mx = fmaxf(mx, merge[v * PS + D]);
+                float sum = 0.0f, val = 0.0f;
+                for (int v = 0; v < NWV; ++v) {
+                    const float f = merge[v * PS + D + 1] > 0.0f ? expf(merge[v * PS + D] - mx) : 0.0f;
+                    sum += merge[v * PS + D + 1] * f;
+                    val += merge[v * PS + d] * f;
+                }
+                p.attn[h * D + d] = val / sum;
+            }
+        }
+        __syncthreads();  // before the next item reuses the buffers
+    }
+}
+
+template <class M>
+__global__ void __launch_bounds__(M::NW * kWarp, 1) decode1_kernel(const __grid_constant__ typename M::Params p) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ float red[8];
+    constexpr int NT = M::NW * kWarp;
+    float* act = reinterpret_cast<float*>(smem);
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    unsigned char* ring = smem + M::ACT_BYTES + size_t(warp) * M::RING_WARP;
+
+    // The weights depend on nothing earlier: the first tiles fly before the wait.
+    __shared__ __align__(8) unsigned long long mbar[M::NW][kSlotsPerWarp];
+    __shared__ SlotInfo slot_info[M::NW][kSlotsPerWarp];
+    SlotInfo* info = &slot_info[warp][0];
+    const int GW = int(gridDim.x) * M::NW, gw = int(blockIdx.x) * M::NW + warp;
+    const uint32_t bars = smem_addr(&mbar[warp][0]);
+    if (lane == 0)
+        for (int s = 0; s < kSlotsPerWarp; ++s) mbar_init(bars + 8u * s);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    __syncwarp();
+    Loader ld;
+    loader_enter<M>(ld, 0, gw, GW);
+    for (int s = 0; s < kSlotsPerWarp; ++s) {
+        loader_next<M>(ld, gw, GW);
+        issue<M>(p, ld, ring + size_t(s) * kSlotBytes, bars + 8u * s, info + s, lane);
+    }
+    loader_next<M>(ld, gw, GW);
+    __syncwarp();
+    pdl_wait();
+    unsigned ci = 0;  // this warp's tiles consumed: slot ci % kSlotsPerWarp, its mbarrier's parity (ci / kSlotsPerWarp) & 1
+    unsigned passed = 0;
+    Trace tr{p.trace};
+    tr.mark();
+    const int32_t token = p.st.token_ids[0];
+    const bf16_t* erow = p.embed + size_t(token) * M::kHid;
+    for (int ly = 0; ly < M::kL; ++ly) {
+        const Decode1Layer& w = p.layer[ly];
+        const int q = ly * M::kPhasesPerLayer;
+        float inv;
+        if (ly == 0) {
+            // The embedding row is layer 0's input; each block also writes its share of x.
+            inv = norm_act<typename M::PQkv, NT>(erow, w.ln_attn, p.eps, act, red);
+            const int per = (M::kHid + gridDim.x - 1) / gridDim.x;
+            for (int k = blockIdx.x * per + threadIdx.x; k < min(M::kHid, int(blockIdx.x + 1) * per); k += blockDim.x)
+                p.x[k] = to_f32(erow[k]);
+        } else {
+            inv = norm_act<typename M::PQkv, NT>(p.x, w.ln_attn, p.eps, act, red);
+        }
+        __syncthreads();
+        tr.mark();
+        prefetch_kv<M>(p, ly);
+        consume<M, typename M::PQkv, 0>(p, q, ld, gw, GW, info, ring, bars, ci, act, inv);
+        grid_sync(p.sync, passed, tr);
+        attention<M>(p, ly, act);
+        grid_sync(p.sync, passed, tr);
+        stage<M::NQ, NT>(p.attn, act);
+        __syncthreads();
+        tr.mark();
+        consume<M, typename M::PO, 1>(p, q + 1, ld, gw, GW, info, ring, bars, ci, act, 1.0f);
+        grid_sync(p.sync, passed, tr);
+        inv = norm_act<typename M::PGu, NT>(p.x, w.ln_mlp, p.eps, act, red);
+        __syncthreads();
+        tr.mark();
+        consume<M, typename M::PGu, 2>(p, q + 2, ld, gw, GW, info, ring, bars, ci, act, inv);
+        grid_sync(p.sync, passed, tr);
+        stage<M::kFfn, NT>(p.h, act);
+        __syncthreads();
+        tr.mark();
+        consume<M, typename M::PDn, 3>(p, q + 3, ld, gw, GW, info, ring, bars, ci, act, 1.0f);
+        grid_sync(p.sync, passed, tr);
+    }
+    const float inv = norm_act<typename M::PHead, NT>(p.x, p.final_norm, p.eps_final, act, red);
+    __syncthreads();
+    tr.mark();
+    consume<M, typename M::PHead, 4>(p, M::kLastPhase, ld, gw, GW, info, ring, bars, ci, act, inv);
+    __syncthreads();
+    tr.mark();
+    // The last block out zeroes the counters for the next launch (every block is past every barrier).
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(p.sync + kExit, 1u) == gridDim.x - 1) {
+            for (int i = 0; i < kHeads + M::kHq; ++i) p.sync[i] = 0;
+            __threadfence();
+        }
+    }
+}
+
+}  // namespace d1
+
+// Off by default: measured slower than the launch-per-op step on the H200 (docs/CUDA.md, "Session
+// 9"): 1B 1.10 against 0.91 ms per token, 8B 4.63 against 4.28. SCR_CUDA_DECODE1=1 turns it on;
+// tests flip decode1_override() (kernels/cuda/step.hpp).
+inline bool decode1_on() {
+    if (decode1_override() >= 0) return decode1_override() == 1;
+    static const bool on = [] {
+        const char* e = std::getenv("SCR_CUDA_DECODE1");
+        return e && e[0] == '1';
+    }();
+    return on;
+}
+
+namespace d1 {
+// SCR_CUDA_DECODE1_TRACE=1: the kernel records per-block event times into a buffer kept for the
+// process; at exit the last launch's phase times (averaged over layers; mean and max over blocks)
+// go to stderr. For profiling only: the events cost a few instructions each.
+struct TraceBuf {
+    unsigned long long* dev = nullptr;
+    int blocks = 0, per_layer = 0, layers = 0;
+    static TraceBuf& get() {
+        static TraceBuf b;
+        return b;
+    }
+    static void report() {
+        TraceBuf& b = get();
+        if (!b.dev) return;
+        std::vector<unsigned long long> h(size_t(b.blocks) * Trace::kMax);
+        if (cudaDeviceSynchronize() != cudaSuccess ||
+            cudaMemcpy(h.data(), b.dev, h.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess)
+            return;
+        static const char* names[] = {"qkv act", "qkv tiles", "barrier", "attention", "barrier", "o act", "o tiles", "barrier",
+                                      "gate/up act", "gate/up tiles", "barrier", "down act", "down tiles", "barrier"};
+        std::fprintf(stderr, "decode1 trace (last launch, %d blocks; us per layer, mean / max over blocks):\n", b.blocks);
+        double total = 0;
+        for (int e = 0; e < b.per_layer; ++e) {
+            double mean = 0, mx = 0;
+            for (int l = 0; l < b.layers; ++l) {
+                double lmax = 0;
+                for (int k = 0; k < b.blocks; ++k) {
+                    const unsigned long long* t = h.data() + size_t(k) * Trace::kMax;
+                    const int i = 1 + l * b.per_layer + e;
+                    const double d = double(t[i] - t[i - 1]) / 1000.0;
+                    mean += d;
+                    lmax = std::max(lmax, d);
+                }
+                mx += lmax;
+            }
+            mean /= double(b.layers) * b.blocks;
+            mx /= b.layers;
+            total += mean;
+            std::fprintf(stderr, "  %-14s %8.2f %8.2f\n", names[e % 14], mean, mx);
+        }
+        const unsigned long long* t0 = h.data();
+        const int end = 1 + b.layers * b.per_layer;
+        std::fprintf(stderr, "  layers %.1f us (sum of means %.1f per layer); lm_head act %.1f, tiles %.1f us\n",
+                     double(t0[end - 1] - t0[0]) / 1000.0, total, double(t0[end] - t0[end - 1]) / 1000.0,
+                     double(t0[end + 1] - t0[end]) / 1000.0);
+    }
+};
+}  // namespace d1
+
+// One launch: the whole batch-1 step. False where the GPU cannot hold one block per SM (the
+// caller then runs the launch-per-op step).
+template <class M>
+bool decode1(const Ctx& c, const typename M::Params& p) {
+    static const int blocks = [] {
+        int dev = 0, sms = 0, per_sm = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            return 0;
+        if (cudaFuncSetAttribute(d1::decode1_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize, M::SMEM) != cudaSuccess)
+            return 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, d1::decode1_kernel<M>, M::NW * kWarp, M::SMEM) != cudaSuccess ||
+            per_sm < 1)
+            return 0;
+        return sms;  // one block per SM: all resident at once, as the grid barriers need
+    }();
+    if (blocks <= 0) {
+        cudaGetLastError();
+        return false;
+    }
+    static const bool trace = [] {
+        const char* e = std::getenv("SCR_CUDA_DECODE1_TRACE");
+        return e && e[0] == '1';
+    }();
+    if (trace) {
+        d1::TraceBuf& b = d1::TraceBuf::get();
+        if (!b.dev) {
+            if (cudaMalloc(&b.dev, size_t(blocks) * d1::Trace::kMax * 8) != cudaSuccess) return false;
+            b.blocks = blocks;
+            b.per_layer = 14;
+            b.layers = M::kL;
+            std::atexit(d1::TraceBuf::report);
+        }
+        typename M::Params q = p;
+        q.trace = b.dev;
+        launch_smem(c, d1::decode1_kernel<M>, dim3(blocks), dim3(M::NW * kWarp), M::SMEM, q);
+        return true;
+    }
+    launch_smem(c, d1::decode1_kernel<M>, dim3(blocks), dim3(M::NW * kWarp), M::SMEM, p);
+    return true;
+}
+
+}  // namespace scr::kernels::cuda
