@@ -49,10 +49,13 @@ if [ -f tests/spyre/CMakeLists.txt ]; then
 fi
 if [ -f compiler/targets/cuda_emitter.cpp ] && command -v nvcc >/dev/null 2>&1; then
   echo "== 3b. CUDA target compiles (no GPU here)"
-  # tiny-qwen3-moe-h64: hidden and expert widths of 64, so the wide-step MoE kernel is compiled too.
+  # tiny-qwen3-moe-h64: hidden and expert widths of 64, so the wide-step MoE kernel is compiled too;
+  # tiny-llama bf16 instantiates the persistent batch-1 decode kernel. The GPU tests are compiled
+  # too (they run on the device machine: tests/cuda/device_run.sh), so their code cannot rot.
   cmake -S . -B build-cuda-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DSCR_TARGET=cuda -DSCR_NATIVE=OFF \
-    -DSCR_MODELS="tiny-llama;tiny-qwen3-moe;tiny-qwen3-moe-h64" -DSCR_QUANT="bf16" -DSCR_TESTS=OFF
-  cmake --build build-cuda-ci -j"$jobs" --target scr
+    -DSCR_MODELS="tiny-llama;tiny-qwen3-moe;tiny-qwen3-moe-h64" -DSCR_QUANT="bf16" -DSCR_TESTS=ON
+  cmake --build build-cuda-ci -j"$jobs" --target scr scr_cuda_tests scr_cuda_linear scr_cuda_moe scr_cuda_attention \
+    scr_cuda_sample scr_cuda_quant_gemv
   # The quantized kernels (MLX int4, int8, fp8 per channel and per tensor) too: the same build
   # folder reconfigured, so only the generated models and the link are redone. MoE takes no
   # quantized preset, hence tiny-llama alone.
