@@ -24,20 +24,12 @@
 #include <vector>
 
 #include "kernels/cuda/attention.cuh"
+#include "tests/cuda/cuda_check.hpp"
 
 using namespace scr::kernels::cuda;
 using scr::bf16_t;
 
 namespace {
-
-void check_cuda(cudaError_t e, const char* what, int line) {
-    if (e != cudaSuccess) {
-        char buf[512];
-        std::snprintf(buf, sizeof buf, "CUDA error '%s' at attention_test.cu:%d: %s", cudaGetErrorString(e), line, what);
-        throw std::runtime_error(buf);
-    }
-}
-#define CK(call) check_cuda((call), #call, __LINE__)
 
 uint16_t bf16_bits(float f) {
     uint32_t u;
@@ -110,49 +102,61 @@ struct Step {
     }
 };
 
+// A step's arrays on the device (freed with it) and the Ctx / extras that point at them.
+template <int HQ, int HKV, int D>
+struct DeviceStep {
+    int32_t *pos = nullptr, *seq = nullptr, *tab = nullptr, *hdr = nullptr;
+    std::byte* kv = nullptr;
+    float *q = nullptr, *out = nullptr, *sinks = nullptr;
+    Ctx c;
+    AttnExtras x;
+    template <typename T>
+    static T* upload(const std::vector<T>& v) {
+        T* d = nullptr;
+        CK(cudaMalloc(&d, v.size() * sizeof(T)));
+        CK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+        return d;
+    }
+    DeviceStep(const Step<HQ, HKV, D>& s, const Case& cs, cudaStream_t st) {
+        pos = upload(s.positions);
+        seq = upload(s.seq_of);
+        tab = upload(s.tables);
+        hdr = upload(s.header);
+        CK(cudaMalloc(&kv, s.kv.size() * 2));
+        CK(cudaMemcpy(kv, s.kv.data(), s.kv.size() * 2, cudaMemcpyHostToDevice));
+        q = upload(s.q);
+        CK(cudaMalloc(&out, s.q.size() * 4));
+        if (cs.sinks) sinks = upload(s.sinks);
+        c.stream = st;
+        c.step.header = hdr;
+        c.step.positions = pos;
+        c.step.seq_of_token = seq;
+        c.step.block_tables = tab;
+        x.window = cs.window;
+        x.softcap = cs.softcap;
+        x.sinks = sinks;
+    }
+    ~DeviceStep() {
+        for (void* p : {(void*)pos, (void*)seq, (void*)tab, (void*)hdr, (void*)kv, (void*)q, (void*)out, (void*)sinks}) cudaFree(p);
+    }
+    DeviceStep(const DeviceStep&) = delete;
+    DeviceStep& operator=(const DeviceStep&) = delete;
+};
+
 template <int HQ, int HKV, int D>
 int run_case(const Case& cs, cudaStream_t st, std::mt19937& rng) {
     Step<HQ, HKV, D> s(cs, rng);
-    int32_t *d_pos, *d_seq, *d_tab, *d_hdr;
-    std::byte* d_kv;
-    float *d_q, *d_out, *d_sinks = nullptr;
-    CK(cudaMalloc(&d_pos, s.positions.size() * 4));
-    CK(cudaMalloc(&d_seq, s.seq_of.size() * 4));
-    CK(cudaMalloc(&d_tab, s.tables.size() * 4));
-    CK(cudaMalloc(&d_hdr, s.header.size() * 4));
-    CK(cudaMalloc(&d_kv, s.kv.size() * 2));
-    CK(cudaMalloc(&d_q, s.q.size() * 4));
-    CK(cudaMalloc(&d_out, s.q.size() * 4));
-    CK(cudaMemcpy(d_pos, s.positions.data(), s.positions.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_seq, s.seq_of.data(), s.seq_of.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_tab, s.tables.data(), s.tables.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_hdr, s.header.data(), s.header.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_kv, s.kv.data(), s.kv.size() * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_q, s.q.data(), s.q.size() * 4, cudaMemcpyHostToDevice));
-    if (cs.sinks) {
-        CK(cudaMalloc(&d_sinks, HQ * 4));
-        CK(cudaMemcpy(d_sinks, s.sinks.data(), HQ * 4, cudaMemcpyHostToDevice));
-    }
-    Ctx c;
-    c.stream = st;
-    c.step.header = d_hdr;
-    c.step.positions = d_pos;
-    c.step.seq_of_token = d_seq;
-    c.step.block_tables = d_tab;
-    AttnExtras x;
-    x.window = cs.window;
-    x.softcap = cs.softcap;
-    x.sinks = d_sinks;
+    DeviceStep<HQ, HKV, D> dev(s, cs, st);
 
     std::vector<float> got[2];
     for (int path = 0; path < 2; ++path) {  // 0: tensor cores, 1: key per lane
         attention_prefill_override() = path == 0 ? 1 : 0;
-        CK(cudaMemset(d_out, 0xff, s.q.size() * 4));
-        attention<HQ, HKV, D, BS, bf16_t>(c, s.rows, d_q, d_kv, s.block_bytes, 0, s.v_off, s.scale, d_out, x);
+        CK(cudaMemset(dev.out, 0xff, s.q.size() * 4));
+        attention<HQ, HKV, D, BS, bf16_t>(dev.c, s.rows, dev.q, dev.kv, s.block_bytes, 0, s.v_off, s.scale, dev.out, dev.x);
         CK(cudaGetLastError());
         CK(cudaStreamSynchronize(st));
         got[path].resize(s.q.size());
-        CK(cudaMemcpy(got[path].data(), d_out, s.q.size() * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(got[path].data(), dev.out, s.q.size() * 4, cudaMemcpyDeviceToHost));
     }
     attention_prefill_override() = -1;
 
@@ -209,8 +213,6 @@ int run_case(const Case& cs, cudaStream_t st, std::mt19937& rng) {
                     }
                 }
         }
-    cudaFree(d_pos); cudaFree(d_seq); cudaFree(d_tab); cudaFree(d_hdr); cudaFree(d_kv); cudaFree(d_q); cudaFree(d_out);
-    if (d_sinks) cudaFree(d_sinks);
     const bool ok = !bad[0] && !bad[1];
     std::printf("%s %s (H %d/%d, D %d, %d rows): tensor cores %s (worst err/bound %.2e), key per lane %s (%.2e)\n", ok ? "ok  " : "FAIL", cs.name,
                 HQ, HKV, D, s.rows, bad[0] ? "FAIL" : "pass", worst[0], bad[1] ? "FAIL" : "pass", worst[1]);
@@ -221,37 +223,17 @@ template <int HQ, int HKV, int D>
 void time_chunk(cudaStream_t st, std::mt19937& rng) {
     Case cs{"512-token chunk at 1,536 prior", {{1536, 512}}};
     Step<HQ, HKV, D> s(cs, rng);
-    int32_t *d_pos, *d_seq, *d_tab, *d_hdr;
-    std::byte* d_kv;
-    float *d_q, *d_out;
-    CK(cudaMalloc(&d_pos, s.positions.size() * 4));
-    CK(cudaMalloc(&d_seq, s.seq_of.size() * 4));
-    CK(cudaMalloc(&d_tab, s.tables.size() * 4));
-    CK(cudaMalloc(&d_hdr, s.header.size() * 4));
-    CK(cudaMalloc(&d_kv, s.kv.size() * 2));
-    CK(cudaMalloc(&d_q, s.q.size() * 4));
-    CK(cudaMalloc(&d_out, s.q.size() * 4));
-    CK(cudaMemcpy(d_pos, s.positions.data(), s.positions.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_seq, s.seq_of.data(), s.seq_of.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_tab, s.tables.data(), s.tables.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_hdr, s.header.data(), s.header.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_kv, s.kv.data(), s.kv.size() * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_q, s.q.data(), s.q.size() * 4, cudaMemcpyHostToDevice));
-    Ctx c;
-    c.stream = st;
-    c.step.header = d_hdr;
-    c.step.positions = d_pos;
-    c.step.seq_of_token = d_seq;
-    c.step.block_tables = d_tab;
+    DeviceStep<HQ, HKV, D> dev(s, cs, st);
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
     double us[2];
     for (int path = 0; path < 2; ++path) {
         attention_prefill_override() = path == 0 ? 1 : 0;
-        attention<HQ, HKV, D, BS, bf16_t>(c, s.rows, d_q, d_kv, s.block_bytes, 0, s.v_off, s.scale, d_out);
+        attention<HQ, HKV, D, BS, bf16_t>(dev.c, s.rows, dev.q, dev.kv, s.block_bytes, 0, s.v_off, s.scale, dev.out);
         CK(cudaEventRecord(a, st));
-        for (int i = 0; i < 10; ++i) attention<HQ, HKV, D, BS, bf16_t>(c, s.rows, d_q, d_kv, s.block_bytes, 0, s.v_off, s.scale, d_out);
+        for (int i = 0; i < 10; ++i)
+            attention<HQ, HKV, D, BS, bf16_t>(dev.c, s.rows, dev.q, dev.kv, s.block_bytes, 0, s.v_off, s.scale, dev.out);
         CK(cudaEventRecord(b, st));
         CK(cudaEventSynchronize(b));
         float ms = 0;
@@ -260,17 +242,14 @@ void time_chunk(cudaStream_t st, std::mt19937& rng) {
     }
     attention_prefill_override() = -1;
     std::printf("| %d / %d | %d | %.1f | %.1f | %.1fx |\n", HQ, HKV, D, us[0], us[1], us[1] / us[0]);
-    cudaFree(d_pos); cudaFree(d_seq); cudaFree(d_tab); cudaFree(d_hdr); cudaFree(d_kv); cudaFree(d_q); cudaFree(d_out);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) try {
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-        std::printf("no GPU: skipped\n");
-        return 77;
-    }
+    if (scr::test_cuda::no_gpu()) return scr::test_cuda::kSkipped;
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
     std::mt19937 rng(7);

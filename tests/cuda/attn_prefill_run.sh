@@ -31,9 +31,7 @@ grep -h "ERROR SUMMARY" "$LOGS/memcheck.txt"
 step racecheck 200 compute-sanitizer --tool racecheck --error-exitcode 9 $C/scr_cuda_attention --no-bench
 grep -h "ERROR SUMMARY\|RACECHECK SUMMARY\|hazard" "$LOGS/racecheck.txt" | head -5
 for m in ${MODELS:-1b 8b}; do
-    case $m in 8b) cfg=llama/llama-3.1-8b ;; *) cfg=llama/llama-3.2-1b ;; esac
-    M=/dev/shm/m$m
-    step "make_random_$m" 120 $C/scr make-random models/configs/$cfg.json $M --dtype bf16
+    make_model $m
     [ $m = 1b ] && { step compare_1b 200 python3 tests/cuda/compare_transformers.py $C/scr $M --tokens 300; tail -n 4 "$LOGS/compare_1b.txt"; }
     for r in 1 2; do
         for v in default keys; do

@@ -18,9 +18,7 @@ device_unpack "$CARRY" /tmp/scr-ab-bin
 AB_ENV=${AB_ENV:-SCR_CUDA_ATTN_SPLIT=0}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 for m in ${MODELS:-1b 8b}; do
-    case $m in 8b) cfg=llama/llama-3.1-8b ;; 30b) cfg=qwen3_moe/qwen3-30b-a3b ;; *) cfg=llama/llama-3.2-1b ;; esac
-    M=/dev/shm/m$m
-    step "make_random_$m" 120 $C/scr make-random models/configs/$cfg.json $M --dtype bf16
+    make_model $m
     for r in $(seq ${ROUNDS:-2}); do
         for v in default ab; do
             env=(); [ $v = ab ] && env=($AB_ENV)

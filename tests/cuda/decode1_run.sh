@@ -5,9 +5,10 @@
 # CARRY_DIR/bin.tar.xz: scr of a CUDA build holding llama-3.2-1b / llama-3.1-8b (bf16);
 # TEST_CARRY_DIR/bin.tar.xz (optional): scr_cuda_tests of a build with the tiny fixtures (f32, bf16),
 # run first: the bit-for-bit checks against the launch-per-op step, then memcheck and racecheck.
-# Per model: a random checkpoint in /dev/shm; 64 greedy tokens with the kernel and without
-# (SCR_CUDA_DECODE1=0), which must agree; the 1B against transformers; then ROUNDS x (defaults,
-# SCR_CUDA_DECODE1=0) of `scr cuda-bench --prompt 128 --decode 128 --prefill 0 --batches 4`.
+# Per model: a random checkpoint in /dev/shm; 64 greedy tokens with the kernel (SCR_CUDA_DECODE1=1)
+# and without (the default launches), which must agree; the 1B against transformers (with the
+# kernel); then ROUNDS x (SCR_CUDA_DECODE1=1, default) of `scr cuda-bench --prompt 128 --decode 128
+# --prefill 0 --batches 1,4`.
 set -u
 CARRY=${1:-.d1-carry}
 TCARRY=${2:-}
@@ -32,21 +33,19 @@ fi
 device_unpack "$CARRY" /tmp/scr-d1-bin
 IDS=$(seq -s, 11 130)
 for m in ${MODELS:-1b 8b}; do
-    case $m in 8b) cfg=llama/llama-3.1-8b ;; *) cfg=llama/llama-3.2-1b ;; esac
-    M=/dev/shm/m$m
-    step "make_random_$m" 120 $C/scr make-random models/configs/$cfg.json $M --dtype bf16
-    step "greedy_${m}_on" 120 $C/scr complete $M --ids $IDS --max-tokens 64 --json
-    step "greedy_${m}_off" 120 env SCR_CUDA_DECODE1=0 $C/scr complete $M --ids $IDS --max-tokens 64 --json
+    make_model $m
+    step "greedy_${m}_on" 120 env SCR_CUDA_DECODE1=1 $C/scr complete $M --ids $IDS --max-tokens 64 --json
+    step "greedy_${m}_off" 120 $C/scr complete $M --ids $IDS --max-tokens 64 --json
     if cmp -s "$LOGS/greedy_${m}_on.txt" "$LOGS/greedy_${m}_off.txt"; then echo "== $m greedy 64: same ids"; else
         echo "== $m greedy 64: DIFFERENT"; head -c 600 "$LOGS/greedy_${m}_on.txt"; echo; head -c 600 "$LOGS/greedy_${m}_off.txt"; echo; fi
     if [ $m = 1b ]; then
-        step "transformers_$m" 240 python3 tests/cuda/compare_transformers.py $C/scr $M --tokens 300
+        step "transformers_$m" 240 env SCR_CUDA_DECODE1=1 python3 tests/cuda/compare_transformers.py $C/scr $M --tokens 300
         tail -n 2 "$LOGS/transformers_$m.txt"
     fi
     for r in $(seq ${ROUNDS:-2}); do
-        for v in default off; do
-            env=(); [ $v = off ] && env=(SCR_CUDA_DECODE1=0)
-            step "bench_${m}_${v}_$r" 90 env "${env[@]}" $C/scr cuda-bench $M --prompt 128 --decode 128 --prefill 0 --batches 4
+        for v in decode1 launches; do
+            env=(); [ $v = decode1 ] && env=(SCR_CUDA_DECODE1=1)
+            step "bench_${m}_${v}_$r" 90 env "${env[@]}" $C/scr cuda-bench $M --prompt 128 --decode 128 --prefill 0 --batches 1,4
             echo "== $m $v round $r: $(grep -h '^batch-1 decode\|^decode batch' "$LOGS/bench_${m}_${v}_$r.txt" | cut -c1-110 | tr '\n' ' ')"
         done
     done

@@ -4,7 +4,10 @@
 #                                     LD_LIBRARY_PATH and the toolkit's tools (ncu, compute-sanitizer)
 #                                     on PATH, and reads weights from the file mapping (SCR_HUGE_PAGES=0);
 #   step NAME TIMEOUT CMD...          runs CMD under timeout, its output in $LOGS/NAME.txt, and adds
-#                                     "NAME: rc=... (... s)" to the summary array.
+#                                     "NAME: rc=... (... s)" to the summary array;
+#   make_model KEY                    a random bf16 checkpoint of model KEY (1b = Llama-3.2-1B, 8b =
+#                                     Llama-3.1-8B, 30b = Qwen3-30B-A3B) in /dev/shm/mKEY (sets M),
+#                                     made by $C/scr as step make_random_KEY.
 summary=()
 device_unpack() {
     C=$2
@@ -19,4 +22,10 @@ step() {
     timeout -k 5 "$limit" "$@" > "$LOGS/$name.txt" 2>&1
     local rc=$?
     summary+=("$name: rc=$rc ($((SECONDS - t0)) s)")
+}
+make_model() {
+    local cfg
+    case $1 in 8b) cfg=llama/llama-3.1-8b ;; 30b) cfg=qwen3_moe/qwen3-30b-a3b ;; *) cfg=llama/llama-3.2-1b ;; esac
+    M=/dev/shm/m$1
+    step "make_random_$1" 120 $C/scr make-random models/configs/$cfg.json $M --dtype bf16
 }

@@ -22,20 +22,12 @@
 #include <vector>
 
 #include "kernels/cuda/linear.cuh"
+#include "tests/cuda/cuda_check.hpp"
 
 using namespace scr::kernels::cuda;
 using scr::bf16_t;
 
 namespace {
-
-void check_cuda(cudaError_t e, const char* what, int line) {
-    if (e != cudaSuccess) {
-        char buf[512];
-        std::snprintf(buf, sizeof buf, "CUDA error '%s' at linear_test.cu:%d: %s", cudaGetErrorString(e), line, what);
-        throw std::runtime_error(buf);
-    }
-}
-#define CK(call) check_cuda((call), #call, __LINE__)
 
 constexpr int kMaxRows = 300;  // past the MMA regime's 256 rows: one cuBLASLt-sized launch
 constexpr int kRowCounts[] = {1, 5, 8, 9, 13, 32, 33, 64, 100, 200, kMaxRows};
@@ -380,11 +372,7 @@ void time_all(cudaStream_t st) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-        std::printf("no GPU: skipped\n");
-        return 77;
-    }
+    if (scr::test_cuda::no_gpu()) return scr::test_cuda::kSkipped;
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
     const Case cases[] = {

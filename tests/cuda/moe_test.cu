@@ -28,20 +28,12 @@
 #include <vector>
 
 #include "kernels/cuda/moe.cuh"
+#include "tests/cuda/cuda_check.hpp"
 
 using namespace scr::kernels::cuda;
 using scr::bf16_t;
 
 namespace {
-
-void check_cuda(cudaError_t e, const char* what, int line) {
-    if (e != cudaSuccess) {
-        char buf[512];
-        std::snprintf(buf, sizeof buf, "CUDA error '%s' at moe_test.cu:%d: %s", cudaGetErrorString(e), line, what);
-        throw std::runtime_error(buf);
-    }
-}
-#define CK(call) check_cuda((call), #call, __LINE__)
 
 // Weights come from a counter-based hash, so the device fills 1.2 GB quickly and the host
 // reference recomputes any element it needs.
@@ -335,11 +327,7 @@ void time_shape(const Shape<H, F, E, K>& s, cudaStream_t st) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-        std::printf("no GPU: skipped\n");
-        return 77;
-    }
+    if (scr::test_cuda::no_gpu()) return scr::test_cuda::kSkipped;
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
     int failures = 0;

@@ -16,9 +16,7 @@ device_unpack "$CARRY" /tmp/scr-pf-bin
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 L=${LEN:-2048}
 for m in ${MODELS:-1b 8b}; do
-    case $m in 8b) cfg=llama/llama-3.1-8b ;; *) cfg=llama/llama-3.2-1b ;; esac
-    M=/dev/shm/m$m
-    step "make_random_$m" 120 $C/scr make-random models/configs/$cfg.json $M --dtype bf16
+    make_model $m
     for v in ${VARIANTS:-default}; do
         env=(); [ $v != default ] && env=($v)
         step "bench_${m}_$v" 120 env "${env[@]}" $C/scr bench $M --mode forward --batch 1 --input-len $L --context 16 --iters 3
