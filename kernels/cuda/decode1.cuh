@@ -1,23 +1,21 @@
 // Batch-1 decode of a LLaMA-shaped bf16 model as ONE persistent kernel (issue #6: batch-1 decode
 // at 80 % / 90 % of the bandwidth floor). The launch-per-op step pays ~5 us of ramp, tail and
-// dependency per GEMV launch (docs/CUDA.md, session 6): ~85 launch boundaries per 1B token, a
-// third of its step. Here one block per SM runs the whole step, layer after layer, and the op
-// boundaries become grid barriers. What makes the barriers cheap is that the weights never depend
-// on the activations: every warp knows, from the compiled shapes alone, the whole sequence of
-// weight tiles it will multiply in this step, and streams them (cp.async, 16 bytes per lane) into
-// its own ring of shared-memory slots as fast as slots free up, across op and layer boundaries.
-// While a warp waits at a barrier or the block runs the attention, its next tiles keep arriving,
-// so HBM stays busy through the dependency points that idle it between launches.
+// dependency per GEMV launch (docs/CUDA.md, session 6): ~85 launch boundaries per 1B token. Here
+// one block per SM runs the whole step, layer after layer, and the op boundaries become grid
+// barriers. The weights never depend on the activations: every warp knows, from the compiled
+// shapes alone, the sequence of weight tiles it will multiply in this step, and streams them (TMA
+// bulk copies, one mbarrier per slot) into its own ring of shared-memory slots as fast as slots
+// free up, across op and layer boundaries. While a warp waits at a barrier or the block runs the
+// attention, its next tiles keep arriving.
 //
 // Same bits as the launch-per-op step: every output is summed exactly as the GEMV (linear.cuh:
 // gemv_tile) sums it at 1-8 rows: the row's K cut into gemv_ksplit pieces, a lane's chunks of a
 // piece lane-strided in increasing order with the 8 products of a chunk in order, a butterfly over
 // the warp per piece, the pieces added in order; a folded RMSNorm's sum of squares cut and reduced
-// the same way, y = acc * inv. The attention is rope_attention_kernel's with one query head per
-// block: the same rotation, the same K/V row written to the cache and read back, the same 16
-// (virtual) warps over the KV blocks with the same online softmax and merge (attend_group). So a
-// sequence's logits do not change when it decodes alone or beside others (tests/cuda/
-// cuda_model_test.cpp: CudaBatch.DecodeStepEqualsAloneBf16, CudaDecode1.KeepsTheBits).
+// the same way, y = acc * inv. The attention is rope_attention_kernel's (one query head's work):
+// the same rotation, the same K/V row written to the cache and read back, the same 16 warps over
+// the KV blocks (here spread over 4 blocks per head) with the same online softmax, merged in warp
+// order as merge_warps does (tests/cuda/cuda_model_test.cpp: CudaDecode1.KeepsTheBits).
 //
 // Ops, per layer: QKV (RMSNorm folded, grouped), attention (+ RoPE, KV append), o_proj + residual,
 // gate/up + SwiGLU (RMSNorm folded), down + residual; then the final RMSNorm + lm_head into the
@@ -821,7 +819,9 @@ struct TraceBuf {
 }  // namespace d1
 
 // One launch: the whole batch-1 step. False where the GPU cannot hold one block per SM (the
-// caller then runs the launch-per-op step).
+// caller then runs the launch-per-op step). The grid barriers need every block resident at once:
+// one per SM of a GPU this process has to itself (not an MPS share of it). A cooperative launch
+// would guarantee that or fail; it is not used yet (untested with programmatic dependent launch).
 template <class M>
 bool decode1(const Ctx& c, const typename M::Params& p) {
     static const int blocks = [] {
