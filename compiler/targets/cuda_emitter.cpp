@@ -362,11 +362,7 @@ private:
                     extras = fmt::format(", k::AttnExtras{{{}, {}, {}}}", float_literal(extra("softcap")), int64_t(extra("window")),
                                          sinks ? W(op, 0) : std::string("nullptr"));
                 const ir::Op& r = g_.ops[index > 0 ? index - 1 : 0];
-                // One call where rotated Q feeds nothing else and the output overlaps none of
-                // RoPE's inputs (the single decode launch reads them while other blocks write):
-                // rope_append + attention, or one launch for decode steps (kernels/cuda/attention.cuh).
-                if (rope_fused_[index] && readers_[r.out[0]] == std::set<int>{index} && !overlap(o0, r.in[0]) && !overlap(o0, r.in[1]) &&
-                    !overlap(o0, in[2])) {
+                if (rope_attention_call(index)) {
                     return fmt::format("k::rope_attention<{}, {}, {}, {}, {}, {}>(c, {}, {}, {}, {}, {}, {}, kv, {}, {}, {}{});",
                                        attr(r, "q_heads"), attr(r, "k_heads"), attr(r, "head_dim"), attr(r, "rotary_dim"),
                                        b_.params.block_size, kvt, rows(r.in[0]), ptr(r.in[0]), ptr(r.in[1]), ptr(in[2]), ptr(r.out[0]),
@@ -651,6 +647,17 @@ private:
         return o;
     }
 
+    // Attention op `index` as one rope_attention call: RoPE right before it (rope_fused_), its
+    // rotated Q read by nothing else, and its output overlapping none of RoPE's inputs (the single
+    // decode launch reads them while other blocks write). call() emits it; decode1_plan needs it.
+    bool rope_attention_call(int index) const {
+        if (!rope_fused_[index]) return false;
+        const ir::Op& a = g_.ops[index];
+        const ir::Op& r = g_.ops[index - 1];
+        const int o0 = a.out[0];
+        return readers_[r.out[0]] == std::set<int>{index} && !overlap(o0, r.in[0]) && !overlap(o0, r.in[1]) && !overlap(o0, a.in[2]);
+    }
+
     // ---- The batch-1 persistent decode kernel (kernels/cuda/decode1.cuh) ----
     // The step must be exactly: embed; per layer grouped Q/K/V with a folded RMSNorm of the residual
     // stream x, RoPE + attention in one launch (no window, softcap or sinks), o_proj + x, SwiGLU with
@@ -711,14 +718,11 @@ private:
                 *qkv_w[m] = lin.weights[0];
             }
             ly.ln_attn = norm_of_[ops[0]].weight;
-            // RoPE + attention as one rope_attention launch (call() makes the same test).
-            if (at.kind != ir::OpKind::attention || !rope_fused_[ops[1]] || attr(at, "softcap") != 0 || attr(at, "window") != 0 ||
-                attr(at, "sinks") != 0)
+            // RoPE + attention as one rope_attention call, with no window, softcap or sinks.
+            if (at.kind != ir::OpKind::attention || !rope_attention_call(ops[1]) || attr(at, "softcap") != 0 ||
+                attr(at, "window") != 0 || attr(at, "sinks") != 0)
                 return std::nullopt;
             const ir::Op& r = g_.ops[ops[1] - 1];
-            if (readers_[r.out[0]] != std::set<int>{ops[1]} || overlap(at.out[0], r.in[0]) || overlap(at.out[0], r.in[1]) ||
-                overlap(at.out[0], at.in[2]))
-                return std::nullopt;
             if (o.kind != ir::OpKind::linear || group_[ops[2]].size() > 1 || norm_of_[ops[2]].x >= 0 || !bf16(o.weights[0]) ||
                 !no_bias(o) || o.in[0] != at.out[0] || o.residual < 0 || !is_x(o.residual) || !is_x(o.out[0]))
                 return std::nullopt;
@@ -743,10 +747,10 @@ private:
                 d.hq = hq, d.hkv = hkv, d.d = hd, d.rot = rot, d.ffn = ffn, d.eps = eps, d.rope = rope;
                 d.scale = at.attr.at("scale");
             } else if (hq != d.hq || hkv != d.hkv || hd != d.d || rot != d.rot || ffn != d.ffn || eps != d.eps || rope != d.rope ||
-                       norm_of_[ops[3]].eps != eps || at.attr.at("scale") != d.scale) {
+                       at.attr.at("scale") != d.scale) {
                 return std::nullopt;
             }
-            if (norm_of_[ops[3]].eps != eps || rope.empty()) return std::nullopt;
+            if (norm_of_[ops[3]].eps != eps || rope.empty()) return std::nullopt;  // one eps for both norms
             d.layers.push_back(ly);
         }
         const ir::Op& ga = g_.ops[post[0]];
