@@ -1660,6 +1660,7 @@ bool quant_smem_fits(const QuantFusedArgs& a) {
 }  // namespace scr::kernels::cuda
 
 #include "kernels/cuda/quant_mma1.cuh"
+#include "kernels/cuda/quant_prefill.cuh"
 
 namespace scr::kernels::cuda {
 
@@ -1703,6 +1704,8 @@ void quant_linear(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path = Q
                     std::to_string(align) + " (N = " + std::to_string(a.n) + ")");
     if (!a.q || !a.scales || (F::kAffine && !a.biases) || !a.x || !a.y)
         throw std::invalid_argument("quant_linear: missing weight, scale, bias, input or output pointer");
+    // Prefill-sized calls on cuBLASLt (quant_prefill.cuh); an explicit path is a test's A/B of the kernels.
+    if (path == QuantGemvPath::automatic && qdetail::quant_prefill<F, false, false>(c, qdetail::fused_of(a)) == 1) return;
     if (path == QuantGemvPath::automatic) path = quant_gemv_mode();
     if constexpr (F::kAffine) {
         if (path == QuantGemvPath::tc1 && a.rows == 1) {
@@ -1741,7 +1744,19 @@ bool quant_linear_fused(const Ctx& c, const QuantFusedArgs& a, QuantGemvPath pat
         if (!a.mat[m].q || !a.mat[m].scales || (F::kAffine && !a.mat[m].biases) || !a.mat[m].y || a.mat[m].n <= 0)
             throw std::invalid_argument("quant_linear_fused: matrix " + std::to_string(m) + " lacks a tensor, an output or rows");
     if (!a.x) throw std::invalid_argument("quant_linear_fused: no input");
-    if (path == QuantGemvPath::automatic) path = quant_gemv_mode();
+    if (path == QuantGemvPath::automatic) {
+        // Prefill-sized calls on cuBLASLt (quant_prefill.cuh); an explicit path is a test's A/B of the kernels.
+        const int count = SWIGLU ? 1 : a.nmat;
+        const int done = qdetail::quant_prefill<F, SWIGLU, NORM>(c, a);
+        if (done == count) return true;
+        if (done > 0) {  // a cuBLASLt call failed midway (never with one matrix): the rest on the kernels
+            QuantFusedArgs rest = a;
+            rest.nmat = count - done;
+            for (int m = 0; m < rest.nmat; ++m) rest.mat[m] = a.mat[done + m];
+            return quant_linear_fused<F, SWIGLU, NORM>(c, rest, quant_gemv_mode());
+        }
+        path = quant_gemv_mode();
+    }
     if constexpr (F::kAffine) {
         if (path == QuantGemvPath::tc1 && a.rows == 1 && qdetail::quant_mma1_fits<F>(a) &&
             qdetail::launch_quant_mma1<F, SWIGLU, NORM>(c, a))

@@ -86,7 +86,9 @@ __device__ __forceinline__ QDigits qdigits4(float v0, float v1, float v2, float 
 }
 
 // kparts = W: the warps of one row tile, each a contiguous 1/W of K, added in part order.
-template <class F, bool SWIGLU, bool NORM>
+// WIDE: a span's scales and biases as one 32-bit load per row and pair of groups (g32 / g64), not
+// two 16-bit ones.
+template <class F, bool SWIGLU, bool NORM, bool WIDE>
 __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const __grid_constant__ QuantFusedArgs p, int kparts) {
     static_assert(F::kAffine, "the one-row tensor-core kernel is for the MLX int4 formats");
     using S = QMma1Shape<F>;
@@ -154,14 +156,26 @@ __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const
     auto load_params = [&](Params& q, int span) {
         const int gl = span * 8 + 2 * t;  // the warp's group
         const bool in0 = gl < CH * GPC, in1 = gl + 1 < CH * GPC;
-        const auto ld = [](const uint16_t* at, bool in) { return in ? uint32_t(__ldg(reinterpret_cast<const unsigned short*>(at))) : 0u; };
+        if constexpr (WIDE && GPC >= 2) {
+            // gl and every row's first group are even, the tensors 4-byte aligned (quant_mma1_fits): one load.
+            const auto ld = [](const uint16_t* at, bool in) { return in ? __ldg(reinterpret_cast<const unsigned int*>(at)) : 0u; };
 #pragma unroll
-        for (int m = 0; m < MT; ++m)
+            for (int m = 0; m < MT; ++m)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                q.s[m][h] = ld(srow[m][h] + gl, in0) | ld(srow[m][h] + gl + 1, in1) << 16;
-                q.b[m][h] = ld(brow[m][h] + gl, in0) | ld(brow[m][h] + gl + 1, in1) << 16;
-            }
+                for (int h = 0; h < 2; ++h) {
+                    q.s[m][h] = ld(srow[m][h] + gl, in0);
+                    q.b[m][h] = ld(brow[m][h] + gl, in0);
+                }
+        } else {
+            const auto ld = [](const uint16_t* at, bool in) { return in ? uint32_t(__ldg(reinterpret_cast<const unsigned short*>(at))) : 0u; };
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    q.s[m][h] = ld(srow[m][h] + gl, in0) | ld(srow[m][h] + gl + 1, in1) << 16;
+                    q.b[m][h] = ld(brow[m][h] + gl, in0) | ld(brow[m][h] + gl + 1, in1) << 16;
+                }
+        }
     };
 
     Round ra, rb;
@@ -386,13 +400,13 @@ bool quant_mma1_fits(const QuantFusedArgs& a) {
 
 // Warps of quant_mma1_kernel resident on the GPU in blocks of kMma1Warps (registers decide;
 // shared memory is checked per launch).
-template <class F, bool SWIGLU, bool NORM>
+template <class F, bool SWIGLU, bool NORM, bool WIDE>
 int qmma1_resident_warps() {
     static const int warps = [] {
         int dev = 0, sms = 0, blocks = 0;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_mma1_kernel<F, SWIGLU, NORM>, kMma1Warps * kWarp, 0);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_mma1_kernel<F, SWIGLU, NORM, WIDE>, kMma1Warps * kWarp, 0);
         return std::max(1, sms * blocks * kMma1Warps);
     }();
     return warps;
@@ -424,30 +438,55 @@ inline int qmma1_parts_override() {
     return v;
 }
 
+// SCR_CUDA_QUANT_TC1_VARIANT=narrow2 brings back the 16-bit scale loads for A/B runs (same bits);
+// the default, wide2, loads a span's scales and biases 32 bits at a time where the group size
+// allows (g32, g64). docs/CUDA.md "Session 10" has the measurements of both and of deeper rounds.
+inline int qmma1_variant() {
+    static const int v = [] {
+        const char* e = std::getenv("SCR_CUDA_QUANT_TC1_VARIANT");
+        if (!e || !*e) return 1;
+        if (std::strcmp(e, "narrow2") == 0) return 0;
+        return 1;
+    }();
+    return v;
+}
+
 // Launches the one-row kernel; false (nothing launched) when its shared memory would not fit.
-template <class F, bool SWIGLU, bool NORM>
-bool launch_quant_mma1(const Ctx& c, const QuantFusedArgs& a) {
+template <class F, bool SWIGLU, bool NORM, bool WIDE>
+bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
     int n_total = a.mat[0].n;
     if (!SWIGLU)
         for (int m = 1; m < a.nmat; ++m) n_total += a.mat[m].n;
     const int row_tiles = ceil_div(n_total, 16);
     const int chunks = a.k / 128;
     const int forced = qmma1_parts_override();
-    const int parts = forced > 0 && chunks % forced == 0 ? forced : qmma1_parts(row_tiles, chunks, qmma1_resident_warps<F, SWIGLU, NORM>());
+    const int parts =
+        forced > 0 && chunks % forced == 0 ? forced : qmma1_parts(row_tiles, chunks, qmma1_resident_warps<F, SWIGLU, NORM, WIDE>());
     const int tiles_per_block = kMma1Warps / parts;
     const size_t smem = qmma1_smem<F, SWIGLU>(kMma1Warps, chunks);
     static const int smem_max = [] {
         int dev = 0, v = 0;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-        cudaFuncSetAttribute(quant_mma1_kernel<F, SWIGLU, NORM>, cudaFuncAttributeMaxDynamicSharedMemorySize, v);
+        cudaFuncSetAttribute(quant_mma1_kernel<F, SWIGLU, NORM, WIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize, v);
         return v;
     }();
     if (smem > size_t(smem_max)) return false;
     qmma1_last_split() = QMmaSplit{tiles_per_block, parts};
-    launch_smem(c, quant_mma1_kernel<F, SWIGLU, NORM>, dim3(1, ceil_div(row_tiles, tiles_per_block)), dim3(kMma1Warps * kWarp), smem, a,
-                parts);
+    launch_smem(c, quant_mma1_kernel<F, SWIGLU, NORM, WIDE>, dim3(1, ceil_div(row_tiles, tiles_per_block)), dim3(kMma1Warps * kWarp),
+                smem, a, parts);
     return true;
+}
+
+template <class F, bool SWIGLU, bool NORM>
+bool launch_quant_mma1(const Ctx& c, const QuantFusedArgs& a) {
+    bool aligned4 = QMma1Shape<F>::GPC >= 2;  // the 32-bit scale loads need 4-byte aligned scales and biases
+    for (int m = 0; m < a.nmat; ++m)
+        aligned4 = aligned4 && reinterpret_cast<uintptr_t>(a.mat[m].scales) % 4 == 0 && reinterpret_cast<uintptr_t>(a.mat[m].biases) % 4 == 0;
+    switch (aligned4 ? qmma1_variant() : 0) {
+        case 1: return launch_quant_mma1_v<F, SWIGLU, NORM, true>(c, a);
+        default: return launch_quant_mma1_v<F, SWIGLU, NORM, false>(c, a);
+    }
 }
 
 }  // namespace scr::kernels::cuda::qdetail

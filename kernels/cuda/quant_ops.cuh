@@ -2,10 +2,11 @@
 // qembed), over the checkpoints' own packed layouts, uploaded as they are (quant_linear.cuh has
 // the layouts and the GEMV).
 //
-// Every row count goes through quant_linear (tensor cores: 16 weight rows x up to 64 token rows per
-// block, more rows in adjacent blocks whose weight reads hit L2): decode is the fast case; prefill is
-// correct, re-reading each weight once per 64 rows. A row's result never depends on the other rows,
-// so decode steps stay batch-invariant.
+// Every row count goes through quant_linear: one token row on the one-row kernels, up to 256 rows on
+// tensor cores (16 weight rows x up to 64 token rows per block, more rows in adjacent blocks whose
+// weight reads hit L2), prefill-sized calls (257+ rows) on cuBLASLt over dequantized hi + lo bf16
+// weights (quant_prefill.cuh). Within the decode regimes a row's result never depends on the other
+// rows, so decode steps stay batch-invariant.
 #pragma once
 
 #include <algorithm>

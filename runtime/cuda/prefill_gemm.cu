@@ -16,6 +16,9 @@ namespace scr::cuda_rt {
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+// The largest quantized matrix prefill_linears_bf16 expands (hi + lo bf16): 1 GiB, e.g. 8B's gate
+// (235 MB); larger ones (a 128k-vocabulary lm_head over many rows) stay on the quantized kernels.
+constexpr size_t kMaxExpandedBytes = size_t(1) << 30;
 // Token rows from which linear.cuh hands a linear to cuBLASLt (SCR_CUDA_CUBLAS_MIN_ROWS overrides):
 // measured on the H200 (docs/CUDA.md), cuBLASLt beats the MMA linear from 64 decode rows up
 // (Llama-3.2-1B: 15.2k vs 14.2k tok/s at 64, 19.6k vs 18.1k at 256) and loses badly at 16 (4.3k vs 9.0k).
@@ -72,6 +75,8 @@ struct HalvesOut {
     const float* residual = nullptr;
     float* y = nullptr;
     int n = 0;
+    const float* scale = nullptr;    // [n]: per-column factor of t (a WeightExpander's codes' scales), or null
+    const float* scale_u = nullptr;  // the same for u
 };
 struct HalvesArgs {
     HalvesOut out[3];
@@ -82,8 +87,10 @@ __global__ void sum_outputs_kernel(const __grid_constant__ HalvesArgs a) {
     const int64_t total = int64_t(a.rows) * o.n;
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
         float v = o.t[i] + o.t[i + total];
+        if (o.scale) v *= o.scale[i % o.n];
         if (o.u) {
-            const float u = o.u[i] + o.u[i + total];
+            float u = o.u[i] + o.u[i + total];
+            if (o.scale_u) u *= o.scale_u[i % o.n];
             o.y[i] = v * (1.0f / (1.0f + expf(-v))) * u;
             continue;
         }
@@ -250,14 +257,15 @@ struct State {
         return algos.emplace(key, a).first->second.ok ? &algos[key] : nullptr;
     }
 
-    // T[2 rows][n] = [x_hi; x_lo] W^T. False (nothing written) when cuBLASLt declines.
-    bool gemm_stacked(cudaStream_t s, int rows, int n, int k, const __nv_bfloat16* x2, const void* w, float* t) {
+    // T[2 rows][n] = [x_hi; x_lo] W^T (+ T when accumulate). False (nothing written) when cuBLASLt declines.
+    bool gemm_stacked(cudaStream_t s, int rows, int n, int k, const __nv_bfloat16* x2, const void* w, float* t, bool accumulate = false) {
         const Algo* a = algo(s, rows, n, k);
         if (!a) return false;
         const Layouts* l = layout(2 * rows, n, k);  // host-side descriptors only: fine inside a capture
         if (!l) return false;
         const float one = 1.0f, zero = 0.0f;
-        return cublasLtMatmul(handle, l->op, &one, w, l->a, x2, l->b, &zero, t, l->c, t, l->c, &a->algo, scratch, kWorkspaceBytes, s) ==
+        return cublasLtMatmul(handle, l->op, &one, w, l->a, x2, l->b, accumulate ? &one : &zero, t, l->c, t, l->c, &a->algo, scratch,
+                              kWorkspaceBytes, s) ==
                CUBLAS_STATUS_SUCCESS;
     }
 };
@@ -285,14 +293,26 @@ int cublas_min_rows() {
 }
 
 int prefill_linears_bf16(cudaStream_t stream, int rows, int k, const float* x, const float* norm_w, float eps, const GemmOut* outs,
-                         int count) {
+                         int count, const WeightExpander* expander) {
     if (!enabled() || rows <= 0 || !min_rows_ok(rows) || count <= 0 || count > kMaxGemmOuts || k % 4 != 0) return 0;
     State& st = state();
     std::lock_guard lock(st.mu);
     const size_t elems = size_t(rows) * k;
-    size_t t_bytes = 0;
-    for (int i = 0; i < count; ++i) t_bytes += size_t(rows) * outs[i].n * (outs[i].w_up ? 16 : 8);
-    std::byte* scratch = st.need(stream, elems * 4 + t_bytes);
+    const auto round_up = [](size_t b) { return (b + 255) / 256 * 256; };
+    // Per output: T (and U) [2 rows][n] floats, with scaled codes their [n] column scales; the
+    // expanded weights: one matrix at a time, hi + lo bf16, or the codes alone.
+    // Every buffer starts 256-byte aligned (cuBLASLt's operands).
+    const auto floats = [](size_t n) { return (n + 63) / 64 * 64; };
+    const bool scaled = expander && expander->scaled;
+    size_t t_bytes = 0, w_bytes = 0;
+    for (int i = 0; i < count; ++i) {
+        const size_t mats = outs[i].w_up || outs[i].swiglu ? 2 : 1;
+        t_bytes += mats * 4 * (floats(2 * size_t(rows) * outs[i].n) + (scaled ? floats(outs[i].n) : 0));
+        if (expander) w_bytes = std::max(w_bytes, size_t(outs[i].n) * k * (scaled ? 2 : 4));
+    }
+    if (w_bytes > kMaxExpandedBytes) return 0;
+    const size_t x_bytes = round_up(elems * 4);
+    std::byte* scratch = st.need(stream, x_bytes + round_up(t_bytes) + w_bytes);
     if (!scratch) return 0;
     // Every algorithm and layout first: nothing is written unless every GEMM can run.
     for (int i = 0; i < count; ++i)
@@ -304,18 +324,41 @@ int prefill_linears_bf16(cudaStream_t stream, int rows, int k, const float* x, c
         split_hi_lo_kernel<<<blocks_for(int64_t(elems)), 256, 0, stream>>>(int64_t(elems), x, x2, x2 + elems);
     HalvesArgs args;
     args.rows = rows;
-    auto* t = reinterpret_cast<float*>(x2 + 2 * elems);
+    auto* t = reinterpret_cast<float*>(scratch + kWorkspaceBytes + x_bytes);
+    auto* w_hi = reinterpret_cast<void*>(scratch + kWorkspaceBytes + x_bytes + round_up(t_bytes));
+    // One output's T: from its bf16 weight, or (expander) from the hi and lo matrices it writes, the
+    // second GEMM adding into the first's T, or from the codes it writes (scaled: their column scales
+    // go to `scale`, [n] floats, applied by the closing pass).
+    const auto gemm = [&](int i, bool up, const void* w, float* out, float* scale) {
+        if (!expander) return st.gemm_stacked(stream, rows, outs[i].n, k, x2, w, out);
+        if (scaled) {
+            expander->expand(expander->ctx, i, up, w_hi, scale, stream);
+            return st.gemm_stacked(stream, rows, outs[i].n, k, x2, w_hi, out);
+        }
+        auto* w_lo = static_cast<std::byte*>(w_hi) + size_t(outs[i].n) * k * 2;
+        expander->expand(expander->ctx, i, up, w_hi, w_lo, stream);
+        return st.gemm_stacked(stream, rows, outs[i].n, k, x2, w_hi, out) &&
+               st.gemm_stacked(stream, rows, outs[i].n, k, x2, w_lo, out, true);
+    };
     int done = 0, widest = 0;
     for (; done < count; ++done) {
         const GemmOut& o = outs[done];
         HalvesOut& h = args.out[done];
         h = HalvesOut{t, nullptr, o.bias, o.residual, o.y, o.n};
-        t += 2 * size_t(rows) * o.n;
-        if (!st.gemm_stacked(stream, rows, o.n, k, x2, o.w, const_cast<float*>(h.t))) break;
-        if (o.w_up) {
+        t += floats(2 * size_t(rows) * o.n);
+        if (scaled) {
+            h.scale = t;
+            t += floats(o.n);
+        }
+        if (!gemm(done, false, o.w, const_cast<float*>(h.t), const_cast<float*>(h.scale))) break;
+        if (o.w_up || o.swiglu) {
             h.u = t;
-            t += 2 * size_t(rows) * o.n;
-            if (!st.gemm_stacked(stream, rows, o.n, k, x2, o.w_up, const_cast<float*>(h.u))) break;
+            t += floats(2 * size_t(rows) * o.n);
+            if (scaled) {
+                h.scale_u = t;
+                t += floats(o.n);
+            }
+            if (!gemm(done, true, o.w_up, const_cast<float*>(h.u), const_cast<float*>(h.scale_u))) break;
         }
         widest = std::max(widest, o.n);
     }

@@ -33,6 +33,7 @@ struct GemmOut {
     const float* residual = nullptr;
     float* y = nullptr;
     int n = 0;
+    bool swiglu = false;  // a SwiGLU output whose two matrices a WeightExpander writes (w, w_up unused)
 };
 constexpr int kMaxGemmOuts = 3;
 
@@ -42,8 +43,23 @@ constexpr int kMaxGemmOuts = 3;
 // and every output's halves summed in one closing launch. Returns how many leading outputs it
 // wrote: 0 when cuBLASLt cannot take every one of them (nothing written then), fewer than `count`
 // only if a cuBLASLt call fails midway. The caller runs the rest on its own GEMM.
+//
+// Quantized weights (kernels/cuda/quant_prefill.cuh): with `expander` set, each output's matrix (and
+// a SwiGLU output's up matrix) is written right before its GEMMs, on the stream, by
+// expander->expand(ctx, output, up, a, b, stream), in one of two forms:
+//  * scaled = false: a and b are two bf16 [n][k] matrices, hi and lo, whose sum is the dequantized
+//    weight to ~2^-17 of each |w|; T = [x_hi; x_lo] hi^T, then T += [x_hi; x_lo] lo^T, so all four
+//    products of the halves are kept (MLX int4: s q + b is not exact in bf16);
+//  * scaled = true: a is the bf16 [n][k] matrix of the codes (exact in bf16: int8, e4m3) and b gets
+//    the [n] float32 row scales, applied to T's columns by the closing pass: one GEMM, as dense.
+// The expanded matrices share one scratch buffer (at most 1 GiB; a larger matrix returns 0).
+struct WeightExpander {
+    void (*expand)(const void* ctx, int output, bool up, void* a, void* b, cudaStream_t stream) = nullptr;
+    const void* ctx = nullptr;
+    bool scaled = false;
+};
 int prefill_linears_bf16(cudaStream_t stream, int rows, int k, const float* x, const float* norm_w, float eps, const GemmOut* outs,
-                         int count);
+                         int count, const WeightExpander* expander = nullptr);
 
 // y[rows][n] = x[rows][k] W^T (+ bias[n]) (+ residual[rows][n]); W bf16 [n][k]. residual may be y.
 bool prefill_linear_bf16(cudaStream_t stream, int rows, int n, int k, const float* x, const void* w, const float* bias,

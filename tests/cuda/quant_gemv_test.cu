@@ -15,6 +15,9 @@
 //   * the fused variants (quant_linear_fused: grouped Q/K/V with biases, SwiGLU, folded RMSNorm, and
 //     their combinations) against the float64 reference of the unfused math, same bounds, and their
 //     batch invariance;
+//   * prefill-sized calls (300 rows, the automatic path: dequantized weights on cuBLASLt,
+//     quant_prefill.cuh) of every format and the fused cases a prefill meets, against the same
+//     float64 reference and bound, asserting that the cuBLASLt path ran;
 //   * fp8: the cvt.rn.f16x2.e4m3x2 conversion variant has the bits of the default one (bench runs);
 //   * host self-test (also without a GPU): the unpacking bit tricks, a warp of the tensor-core
 //     kernel emulated on the host from its own per-lane functions against the float64 reference, and
@@ -964,6 +967,141 @@ int fused_checks(cudaStream_t st) {
     return failures;
 }
 
+// Prefill-sized calls (quant_prefill.cuh: dequantized hi + lo weights on cuBLASLt, from 257 rows):
+// 300 token rows of every format through quant_linear / quant_linear_fused's automatic path, the
+// cases of fused_checks that a model's prefill runs, against the float64 reference at token rows
+// 0, 1, 137 and 299 with the tensor-core bound; every output of the 300 rows must be written.
+int prefill_checks(cudaStream_t st) {
+    const FusedCase cases[] = {
+        {"1B qkv grouped + norm + bias", 2048, {2048, 512, 512}, false, true, true},
+        {"1B gate/up swiglu + norm", 2048, {8192, 8192, 0}, true, true, false},
+        {"1B single + bias + residual", 2048, {2048, 0, 0}, false, false, true},
+        {"odd k/v grouped + norm", 384, {1001, 200, 56}, false, true, true},
+    };
+    constexpr int kRows = 300;
+    const int toks[] = {0, 1, 137, kRows - 1};
+    const float eps = 1e-5f;
+    int failures = 0;
+    for (const FusedCase& fc : cases) {
+        const int k = fc.k;
+        const int nmat = fc.swiglu ? 2 : fc.n[2] > 0 ? 3 : fc.n[1] > 0 ? 2 : 1;
+        const int nout = fc.swiglu ? 1 : nmat;
+        std::mt19937 rng(777 + k + nmat);
+        std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+        std::vector<float> hx(size_t(kRows) * k), hnw(k), hxn(hx.size());
+        for (int t = 0; t < kRows; ++t)
+            for (int i = 0; i < k; ++i) hx[size_t(t) * k + i] = uni(rng) * (0.05f + 0.3f * float(t % 7));
+        for (int i = 0; i < k; ++i) hnw[i] = 1.0f + 0.5f * uni(rng);
+        for (int t = 0; t < kRows; ++t) {
+            double ss = 0.0;
+            for (int i = 0; i < k; ++i) ss += double(hx[size_t(t) * k + i]) * hx[size_t(t) * k + i];
+            const double inv = 1.0 / std::sqrt(ss / k + double(eps));
+            for (int i = 0; i < k; ++i)
+                hxn[size_t(t) * k + i] = fc.norm ? float(double(hx[size_t(t) * k + i]) * hnw[i] * inv) : hx[size_t(t) * k + i];
+        }
+        float *x = nullptr, *nw = nullptr, *residual = nullptr;
+        CK(cudaMalloc(&x, sizeof(float) * hx.size()));
+        CK(cudaMalloc(&nw, sizeof(float) * k));
+        CK(cudaMemcpy(x, hx.data(), sizeof(float) * hx.size(), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(nw, hnw.data(), sizeof(float) * k, cudaMemcpyHostToDevice));
+        std::vector<float> hres;
+        if (nmat == 1) {
+            CK(cudaMalloc(&residual, sizeof(float) * kRows * fc.n[0]));
+            fill_values(residual, false, size_t(kRows) * fc.n[0], 6100 + k, -2.0f, 2.0f);
+            hres.resize(size_t(kRows) * fc.n[0]);
+            CK(cudaMemcpy(hres.data(), residual, sizeof(float) * hres.size(), cudaMemcpyDeviceToHost));
+        }
+        for (Fmt f : g_formats) {
+            if (is_int4(f) && k % group_of(f) != 0) continue;
+            DevWeights w[3];
+            HostWeights hw[3];
+            float *y[3] = {}, *bias[3] = {};
+            std::vector<float> hbias[3];
+            for (int m = 0; m < nmat; ++m) {
+                w[m] = make_weights(f, fc.n[m], k, 1900 + 31 * m + k);
+                hw[m] = download(f, fc.n[m], k, w[m]);
+                CK(cudaMalloc(&y[m], sizeof(float) * kRows * fc.n[m]));
+                CK(cudaMemset(y[m], 0xff, sizeof(float) * kRows * fc.n[m]));  // NaN: unwritten outputs fail
+                if (fc.bias) {
+                    CK(cudaMalloc(&bias[m], sizeof(float) * fc.n[m]));
+                    fill_values(bias[m], false, fc.n[m], 5100 + 7 * m + fc.n[m], -0.5f, 0.5f);
+                    hbias[m].resize(fc.n[m]);
+                    CK(cudaMemcpy(hbias[m].data(), bias[m], sizeof(float) * fc.n[m], cudaMemcpyDeviceToHost));
+                }
+            }
+            QuantFusedArgs a;
+            for (int m = 0; m < nmat; ++m) a.mat[m] = QuantMat{w[m].q, w[m].scales, w[m].biases, bias[m], y[m], fc.n[m]};
+            if (fc.swiglu) a.mat[1].y = a.mat[0].y;
+            a.nmat = nmat;
+            a.x = x;
+            a.residual = residual;
+            a.norm_w = fc.norm ? nw : nullptr;
+            a.eps = eps;
+            a.k = k;
+            a.rows = kRows;
+            const int before = qdetail::quant_prefill_calls();
+            launch_fused(f, st, a, fc.swiglu, QuantGemvPath::automatic);
+            CK(cudaGetLastError());
+            CK(cudaStreamSynchronize(st));
+            const bool ran = qdetail::quant_prefill_calls() == before + 1;
+            size_t unwritten = 0, wrong = 0, checked = 0;
+            double worst = 0.0;
+            std::vector<float> hy[3];
+            for (int m = 0; m < nout; ++m) {
+                hy[m].resize(size_t(kRows) * fc.n[m]);
+                CK(cudaMemcpy(hy[m].data(), y[m], sizeof(float) * hy[m].size(), cudaMemcpyDeviceToHost));
+                for (float v : hy[m]) unwritten += std::isnan(v) ? 1 : 0;
+            }
+            std::vector<double> wr(k), br(k), wu(k), bu(k);
+            for (int m = 0; m < nout; ++m)
+                for (int nn = 0; nn < fc.n[m]; nn += (nn < 16 || nn >= fc.n[m] - 16) ? 1 : 7) {
+                    dequant_row(f, hw[m], k, nn, wr, br);
+                    if (fc.swiglu) dequant_row(f, hw[1], k, nn, wu, bu);
+                    for (int t : toks) {
+                        const float* xt = hxn.data() + size_t(t) * k;
+                        double r = 0.0, rb = 0.0, u = 0.0, ub = 0.0;
+                        for (int i = 0; i < k; ++i) {
+                            r += double(xt[i]) * wr[i];
+                            rb += std::fabs(double(xt[i])) * br[i];
+                            if (fc.swiglu) {
+                                u += double(xt[i]) * wu[i];
+                                ub += std::fabs(double(xt[i])) * bu[i];
+                            }
+                        }
+                        double tol = kMmaTolRel * rb + kMmaTolAbs;
+                        if (fc.swiglu) {
+                            const double tu = kMmaTolRel * ub + kMmaTolAbs, sg = r / (1.0 + std::exp(-r));
+                            tol = 1.1 * std::fabs(u) * tol + std::fabs(sg) * tu + 1e-6 * std::fabs(sg * u);
+                            r = sg * u;
+                        } else {
+                            if (fc.bias) r += hbias[m][nn];
+                            if (nmat == 1) r += hres[size_t(t) * fc.n[0] + nn];
+                            tol += 1e-7 * std::fabs(r);
+                        }
+                        const double e = std::fabs(double(hy[m][size_t(t) * fc.n[m] + nn]) - r);
+                        if (!(e <= tol)) ++wrong;
+                        worst = std::max(worst, e / tol);
+                        ++checked;
+                    }
+                }
+            const bool ok = ran && unwritten == 0 && wrong == 0 && checked > 0;
+            failures += ok ? 0 : 1;
+            std::printf("check prefill %-32s k %4d %-13s rows %d%s: %zu outputs checked, err/tol max %.2e, wrong %zu, unwritten %zu -> %s\n",
+                        fc.what, k, name_of(f), kRows, ran ? "" : " (cuBLASLt path did NOT run)", checked, worst, wrong, unwritten,
+                        ok ? "ok" : "FAILED");
+            for (int m = 0; m < nmat; ++m) {
+                free_weights(w[m]);
+                cudaFree(y[m]);
+                cudaFree(bias[m]);
+            }
+        }
+        cudaFree(x);
+        cudaFree(nw);
+        cudaFree(residual);
+    }
+    return failures;
+}
+
 int main(int argc, char** argv) try {
     bool bench = true;
     std::vector<Shape> shapes = {
@@ -1248,6 +1386,7 @@ int main(int argc, char** argv) try {
         cudaFree(residual);
     }
     failures += fused_checks(st);
+    failures += prefill_checks(st);
     CK(cudaDeviceSynchronize());
     if (bench) {
         std::printf("\nGB/s: bytes the kernel must read (packed weights + scales + biases; x and y not counted) per "
