@@ -149,7 +149,8 @@ __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const
         }
     };
     // A span's scales and biases for this lane: rows g, g + 8 of each tile, the span's groups 2t and
-    // 2t + 1 packed in one register (16-bit loads: a row's groups need not start 4-byte aligned).
+    // 2t + 1 packed in one register (WIDE: one 32-bit load; else two 16-bit loads, as g128's rows
+    // need not start 4-byte aligned).
     struct Params {
         uint32_t s[MT][2], b[MT][2];
     };
@@ -157,7 +158,7 @@ __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const
         const int gl = span * 8 + 2 * t;  // the warp's group
         const bool in0 = gl < CH * GPC, in1 = gl + 1 < CH * GPC;
         if constexpr (WIDE && GPC >= 2) {
-            // gl and every row's first group are even, the tensors 4-byte aligned (quant_mma1_fits): one load.
+            // gl and every row's first group are even, the tensors 4-byte aligned (launch_quant_mma1): one load.
             const auto ld = [](const uint16_t* at, bool in) { return in ? __ldg(reinterpret_cast<const unsigned int*>(at)) : 0u; };
 #pragma unroll
             for (int m = 0; m < MT; ++m)
@@ -441,12 +442,10 @@ inline int qmma1_parts_override() {
 // SCR_CUDA_QUANT_TC1_VARIANT=narrow2 brings back the 16-bit scale loads for A/B runs (same bits);
 // the default, wide2, loads a span's scales and biases 32 bits at a time where the group size
 // allows (g32, g64). docs/CUDA.md "Session 10" has the measurements of both and of deeper rounds.
-inline int qmma1_variant() {
-    static const int v = [] {
+inline bool qmma1_wide_scales() {
+    static const bool v = [] {
         const char* e = std::getenv("SCR_CUDA_QUANT_TC1_VARIANT");
-        if (!e || !*e) return 1;
-        if (std::strcmp(e, "narrow2") == 0) return 0;
-        return 1;
+        return !(e && std::strcmp(e, "narrow2") == 0);
     }();
     return v;
 }
@@ -480,13 +479,14 @@ bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
 
 template <class F, bool SWIGLU, bool NORM>
 bool launch_quant_mma1(const Ctx& c, const QuantFusedArgs& a) {
-    bool aligned4 = QMma1Shape<F>::GPC >= 2;  // the 32-bit scale loads need 4-byte aligned scales and biases
-    for (int m = 0; m < a.nmat; ++m)
-        aligned4 = aligned4 && reinterpret_cast<uintptr_t>(a.mat[m].scales) % 4 == 0 && reinterpret_cast<uintptr_t>(a.mat[m].biases) % 4 == 0;
-    switch (aligned4 ? qmma1_variant() : 0) {
-        case 1: return launch_quant_mma1_v<F, SWIGLU, NORM, true>(c, a);
-        default: return launch_quant_mma1_v<F, SWIGLU, NORM, false>(c, a);
+    if constexpr (QMma1Shape<F>::GPC >= 2) {
+        bool aligned4 = true;  // the 32-bit scale loads need 4-byte aligned scales and biases
+        for (int m = 0; m < a.nmat; ++m)
+            aligned4 = aligned4 && reinterpret_cast<uintptr_t>(a.mat[m].scales) % 4 == 0 &&
+                       reinterpret_cast<uintptr_t>(a.mat[m].biases) % 4 == 0;
+        if (aligned4 && qmma1_wide_scales()) return launch_quant_mma1_v<F, SWIGLU, NORM, true>(c, a);
     }
+    return launch_quant_mma1_v<F, SWIGLU, NORM, false>(c, a);
 }
 
 }  // namespace scr::kernels::cuda::qdetail
