@@ -81,15 +81,16 @@ struct HalvesOut {
 struct HalvesArgs {
     HalvesOut out[3];
     int rows = 0;
+    int xparts = 2;  // 1: t holds x_hi's products alone (no lo half to add)
 };
 __global__ void sum_outputs_kernel(const __grid_constant__ HalvesArgs a) {
     const HalvesOut& o = a.out[blockIdx.y];
     const int64_t total = int64_t(a.rows) * o.n;
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-        float v = o.t[i] + o.t[i + total];
+        float v = a.xparts == 2 ? o.t[i] + o.t[i + total] : o.t[i];
         if (o.scale) v *= o.scale[i % o.n];
         if (o.u) {
-            float u = o.u[i] + o.u[i + total];
+            float u = a.xparts == 2 ? o.u[i] + o.u[i + total] : o.u[i];
             if (o.scale_u) u *= o.scale_u[i % o.n];
             o.y[i] = v * (1.0f / (1.0f + expf(-v))) * u;
             continue;
@@ -106,6 +107,17 @@ bool enabled() {
     static const bool on = [] {
         const char* e = std::getenv("SCR_CUDA_PREFILL");
         return !e || std::strcmp(e, "cublaslt") == 0;
+    }();
+    return on;
+}
+
+// SCR_CUDA_PREFILL_X=bf16: prefill-sized calls (above the decode buckets) multiply x rounded to bf16
+// alone, one GEMM operand instead of hi + lo: half the GEMM work, the activation rounding every
+// bf16 engine does (~2^-9 relative per product instead of ~2^-17). Default `hilo`.
+bool prefill_x_bf16() {
+    static const bool on = [] {
+        const char* e = std::getenv("SCR_CUDA_PREFILL_X");
+        return e && std::strcmp(e, "bf16") == 0;
     }();
     return on;
 }
@@ -216,7 +228,9 @@ struct State {
 
     // The algorithm for (n, k) and a call of `rows` rows: one per decode bucket (above), or the
     // heuristic's first choice for that m for larger calls.
-    const Algo* algo(cudaStream_t s, int rows, int n, int k) {
+    // xparts: x's halves the GEMM multiplies (2: hi and lo stacked; 1: hi alone, prefill-sized
+    // calls under SCR_CUDA_PREFILL_X=bf16).
+    const Algo* algo(cudaStream_t s, int rows, int n, int k, int xparts = 2) {
         if (!handle && !broken) {
             if (capturing(s) || cublasLtCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
                 handle = nullptr;
@@ -228,7 +242,7 @@ struct State {
         const int bucket = cublas_decode_bucket(rows);
         const bool decode = bucket >= 0;
         const int tuned_rows = bucket == 0 ? kSmallDecodeRows : kDecodeRows;
-        const int m = 2 * (decode ? tuned_rows : rows);
+        const int m = xparts * (decode ? tuned_rows : rows);
         auto key = std::make_tuple(n, k, decode ? -1 - bucket : m);
         auto it = algos.find(key);
         if (it != algos.end()) return it->second.ok ? &it->second : nullptr;
@@ -257,11 +271,13 @@ struct State {
         return algos.emplace(key, a).first->second.ok ? &algos[key] : nullptr;
     }
 
-    // T[2 rows][n] = [x_hi; x_lo] W^T (+ T when accumulate). False (nothing written) when cuBLASLt declines.
-    bool gemm_stacked(cudaStream_t s, int rows, int n, int k, const __nv_bfloat16* x2, const void* w, float* t, bool accumulate = false) {
-        const Algo* a = algo(s, rows, n, k);
+    // T[2 rows][n] = [x_hi; x_lo] W^T (xparts 1: T[rows][n] = x_hi W^T) (+ T when accumulate).
+    // False (nothing written) when cuBLASLt declines.
+    bool gemm_stacked(cudaStream_t s, int rows, int n, int k, const __nv_bfloat16* x2, const void* w, float* t, bool accumulate = false,
+                      int xparts = 2) {
+        const Algo* a = algo(s, rows, n, k, xparts);
         if (!a) return false;
-        const Layouts* l = layout(2 * rows, n, k);  // host-side descriptors only: fine inside a capture
+        const Layouts* l = layout(xparts * rows, n, k);  // host-side descriptors only: fine inside a capture
         if (!l) return false;
         const float one = 1.0f, zero = 0.0f;
         return cublasLtMatmul(handle, l->op, &one, w, l->a, x2, l->b, accumulate ? &one : &zero, t, l->c, t, l->c, &a->algo, scratch,
@@ -304,10 +320,13 @@ int prefill_linears_bf16(cudaStream_t stream, int rows, int k, const float* x, c
     // Every buffer starts 256-byte aligned (cuBLASLt's operands).
     const auto floats = [](size_t n) { return (n + 63) / 64 * 64; };
     const bool scaled = expander && expander->scaled;
+    // x as hi + lo (two stacked GEMM operands) unless SCR_CUDA_PREFILL_X=bf16 asks for x_hi alone
+    // above the decode buckets (decode rows keep their bits either way).
+    const int xparts = prefill_x_bf16() && cublas_decode_bucket(rows) < 0 ? 1 : 2;
     size_t t_bytes = 0, w_bytes = 0;
     for (int i = 0; i < count; ++i) {
         const size_t mats = outs[i].w_up || outs[i].swiglu ? 2 : 1;
-        t_bytes += mats * 4 * (floats(2 * size_t(rows) * outs[i].n) + (scaled ? floats(outs[i].n) : 0));
+        t_bytes += mats * 4 * (floats(xparts * size_t(rows) * outs[i].n) + (scaled ? floats(outs[i].n) : 0));
         if (expander) w_bytes = std::max(w_bytes, size_t(outs[i].n) * k * (scaled ? 2 : 4));
     }
     if (w_bytes > kMaxExpandedBytes) return 0;
@@ -316,7 +335,7 @@ int prefill_linears_bf16(cudaStream_t stream, int rows, int k, const float* x, c
     if (!scratch) return 0;
     // Every algorithm and layout first: nothing is written unless every GEMM can run.
     for (int i = 0; i < count; ++i)
-        if (!st.algo(stream, rows, outs[i].n, k) || !st.layout(2 * rows, outs[i].n, k)) return 0;
+        if (!st.algo(stream, rows, outs[i].n, k, xparts) || !st.layout(xparts * rows, outs[i].n, k)) return 0;
     auto* x2 = reinterpret_cast<__nv_bfloat16*>(scratch + kWorkspaceBytes);  // [2 rows][k]: hi, then lo
     if (norm_w)
         norm_split_hi_lo_kernel<<<rows, kNormSplitThreads, 0, stream>>>(k, x, norm_w, eps, int64_t(elems), x2);
@@ -324,28 +343,30 @@ int prefill_linears_bf16(cudaStream_t stream, int rows, int k, const float* x, c
         split_hi_lo_kernel<<<blocks_for(int64_t(elems)), 256, 0, stream>>>(int64_t(elems), x, x2, x2 + elems);
     HalvesArgs args;
     args.rows = rows;
+    args.xparts = xparts;
     auto* t = reinterpret_cast<float*>(scratch + kWorkspaceBytes + x_bytes);
     auto* w_hi = reinterpret_cast<void*>(scratch + kWorkspaceBytes + x_bytes + round_up(t_bytes));
     // One output's T: from its bf16 weight, or (expander) from the hi and lo matrices it writes, the
     // second GEMM adding into the first's T, or from the codes it writes (scaled: their column scales
     // go to `scale`, [n] floats, applied by the closing pass).
     const auto gemm = [&](int i, bool up, const void* w, float* out, float* scale) {
-        if (!expander) return st.gemm_stacked(stream, rows, outs[i].n, k, x2, w, out);
+        const int n = outs[i].n;
+        if (!expander) return st.gemm_stacked(stream, rows, n, k, x2, w, out, false, xparts);
         if (scaled) {
             expander->expand(expander->ctx, i, up, w_hi, scale, stream);
-            return st.gemm_stacked(stream, rows, outs[i].n, k, x2, w_hi, out);
+            return st.gemm_stacked(stream, rows, n, k, x2, w_hi, out, false, xparts);
         }
-        auto* w_lo = static_cast<std::byte*>(w_hi) + size_t(outs[i].n) * k * 2;
+        auto* w_lo = static_cast<std::byte*>(w_hi) + size_t(n) * k * 2;
         expander->expand(expander->ctx, i, up, w_hi, w_lo, stream);
-        return st.gemm_stacked(stream, rows, outs[i].n, k, x2, w_hi, out) &&
-               st.gemm_stacked(stream, rows, outs[i].n, k, x2, w_lo, out, true);
+        return st.gemm_stacked(stream, rows, n, k, x2, w_hi, out, false, xparts) &&
+               st.gemm_stacked(stream, rows, n, k, x2, w_lo, out, true, xparts);
     };
     int done = 0, widest = 0;
     for (; done < count; ++done) {
         const GemmOut& o = outs[done];
         HalvesOut& h = args.out[done];
         h = HalvesOut{t, nullptr, o.bias, o.residual, o.y, o.n};
-        t += floats(2 * size_t(rows) * o.n);
+        t += floats(xparts * size_t(rows) * o.n);
         if (scaled) {
             h.scale = t;
             t += floats(o.n);
@@ -353,7 +374,7 @@ int prefill_linears_bf16(cudaStream_t stream, int rows, int k, const float* x, c
         if (!gemm(done, false, o.w, const_cast<float*>(h.t), const_cast<float*>(h.scale))) break;
         if (o.w_up || o.swiglu) {
             h.u = t;
-            t += floats(2 * size_t(rows) * o.n);
+            t += floats(xparts * size_t(rows) * o.n);
             if (scaled) {
                 h.scale_u = t;
                 t += floats(o.n);
