@@ -21,12 +21,13 @@
 
 namespace scr::kernels::cuda::qdetail {
 
-// Token rows from which quantized linears go to cuBLASLt: 257, or SCR_CUDA_QUANT_PREFILL_MIN_ROWS
-// (0 turns the path off; values up to 256 would put decode batches here, for A/B runs only).
+// Token rows from which quantized linears go to cuBLASLt: one above the largest decode bucket
+// (cuda_rt::cublas_decode_max_rows(), 256), or SCR_CUDA_QUANT_PREFILL_MIN_ROWS (0 turns the path
+// off; values up to the decode bucket would put decode batches here, for A/B runs only).
 inline int quant_prefill_min_rows() {
     static const int v = [] {
         const char* e = std::getenv("SCR_CUDA_QUANT_PREFILL_MIN_ROWS");
-        if (!e || !*e) return 257;
+        if (!e || !*e) return cuda_rt::cublas_decode_max_rows() + 1;
         const int r = std::atoi(e);
         return r > 0 ? r : 0;
     }();

@@ -33,6 +33,27 @@ __global__ void split_hi_lo_kernel(int64_t n, const float* __restrict__ x, __nv_
     }
 }
 
+// The same split, four elements per thread (16-byte load, two 8-byte stores): n % 4 == 0 and x 16-byte
+// aligned (hi and lo then 8-byte aligned: the scratch's own layout). Same bits as the kernel above.
+__device__ __forceinline__ void split4(float4 v, __nv_bfloat162 (&h)[2], __nv_bfloat162 (&l)[2]) {
+    const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const __nv_bfloat16 a = __float2bfloat16_rn(e[2 * i]), b = __float2bfloat16_rn(e[2 * i + 1]);
+        h[i] = __halves2bfloat162(a, b);
+        l[i] = __halves2bfloat162(__float2bfloat16_rn(e[2 * i] - __bfloat162float(a)),
+                                  __float2bfloat16_rn(e[2 * i + 1] - __bfloat162float(b)));
+    }
+}
+__global__ void split_hi_lo_vec4_kernel(int64_t n4, const float4* __restrict__ x, uint2* __restrict__ hi, uint2* __restrict__ lo) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4; i += int64_t(gridDim.x) * blockDim.x) {
+        __nv_bfloat162 h[2], l[2];
+        split4(x[i], h, l);
+        hi[i] = make_uint2(reinterpret_cast<const uint32_t&>(h[0]), reinterpret_cast<const uint32_t&>(h[1]));
+        lo[i] = make_uint2(reinterpret_cast<const uint32_t&>(l[0]), reinterpret_cast<const uint32_t&>(l[1]));
+    }
+}
+
 // The split with a folded RMSNorm: one block per row, x[row] * inv_rms * norm_w split into hi and lo
 // (the sum of squares reduced in a fixed order: lanes, then warps). k % 4 == 0.
 constexpr int kNormSplitThreads = 256;
@@ -53,16 +74,15 @@ __global__ void __launch_bounds__(kNormSplitThreads) norm_split_hi_lo_kernel(int
     float total = 0.0f;
     for (int i = 0; i < kNormSplitThreads / 32; ++i) total += part[i];
     const float inv = 1.0f / sqrtf(total / float(k) + eps);
-    __nv_bfloat16* h = hi + size_t(blockIdx.x) * k;
-    __nv_bfloat16* l = h + elems;
+    // 8-byte stores of four bf16 each (k % 4 == 0; the scratch rows are 8-byte aligned).
+    auto* h = reinterpret_cast<uint2*>(hi + size_t(blockIdx.x) * k);
+    auto* l = reinterpret_cast<uint2*>(hi + elems + size_t(blockIdx.x) * k);
     for (int c = threadIdx.x; c < chunks; c += kNormSplitThreads) {
         const float4 v = xr[c], g = reinterpret_cast<const float4*>(w)[c];
-        const float e[4] = {g.x * (v.x * inv), g.y * (v.y * inv), g.z * (v.z * inv), g.w * (v.w * inv)};
-        for (int i = 0; i < 4; ++i) {
-            const __nv_bfloat16 b = __float2bfloat16_rn(e[i]);
-            h[4 * c + i] = b;
-            l[4 * c + i] = __float2bfloat16_rn(e[i] - __bfloat162float(b));
-        }
+        __nv_bfloat162 hv[2], lv[2];
+        split4(make_float4(g.x * (v.x * inv), g.y * (v.y * inv), g.z * (v.z * inv), g.w * (v.w * inv)), hv, lv);
+        h[c] = make_uint2(reinterpret_cast<const uint32_t&>(hv[0]), reinterpret_cast<const uint32_t&>(hv[1]));
+        l[c] = make_uint2(reinterpret_cast<const uint32_t&>(lv[0]), reinterpret_cast<const uint32_t&>(lv[1]));
     }
 }
 
@@ -101,7 +121,86 @@ __global__ void sum_outputs_kernel(const __grid_constant__ HalvesArgs a) {
     }
 }
 
+// The closing pass four columns per thread: output blockIdx.z, token rows blockIdx.y, + gridDim.y,
+// ..., columns 4 (blockIdx.x * blockDim.x + threadIdx.x). Every n % 4 == 0 and every pointer 16-byte
+// aligned (vec4_outputs_ok). The arithmetic, element by element, is sum_outputs_kernel's: same bits.
+__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__global__ void sum_outputs_vec4_kernel(const __grid_constant__ HalvesArgs a) {
+    const HalvesOut& o = a.out[blockIdx.z];
+    const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (c >= o.n) return;
+    const int64_t total = int64_t(a.rows) * o.n;
+    const float4 scale = o.scale ? ld4(o.scale + c) : make_float4(1, 1, 1, 1);
+    const float4 scale_u = o.scale_u ? ld4(o.scale_u + c) : make_float4(1, 1, 1, 1);
+    const float4 bias = o.bias ? ld4(o.bias + c) : make_float4(0, 0, 0, 0);
+    for (int r = blockIdx.y; r < a.rows; r += gridDim.y) {
+        const int64_t i = int64_t(r) * o.n + c;
+        float v[4], u[4];
+        const float4 t0 = ld4(o.t + i), t1 = a.xparts == 2 ? ld4(o.t + i + total) : make_float4(0, 0, 0, 0);
+        const float tv0[4] = {t0.x, t0.y, t0.z, t0.w}, tv1[4] = {t1.x, t1.y, t1.z, t1.w};
+        const float sc[4] = {scale.x, scale.y, scale.z, scale.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            v[j] = a.xparts == 2 ? tv0[j] + tv1[j] : tv0[j];
+            if (o.scale) v[j] *= sc[j];
+        }
+        float4 out;
+        if (o.u) {
+            const float4 u0 = ld4(o.u + i), u1 = a.xparts == 2 ? ld4(o.u + i + total) : make_float4(0, 0, 0, 0);
+            const float uv0[4] = {u0.x, u0.y, u0.z, u0.w}, uv1[4] = {u1.x, u1.y, u1.z, u1.w};
+            const float su[4] = {scale_u.x, scale_u.y, scale_u.z, scale_u.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                u[j] = a.xparts == 2 ? uv0[j] + uv1[j] : uv0[j];
+                if (o.scale_u) u[j] *= su[j];
+                v[j] = v[j] * (1.0f / (1.0f + expf(-v[j]))) * u[j];
+            }
+        } else {
+            const float bv[4] = {bias.x, bias.y, bias.z, bias.w};
+            float4 res = o.residual ? ld4(o.residual + i) : make_float4(0, 0, 0, 0);
+            const float rv[4] = {res.x, res.y, res.z, res.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                if (o.bias) v[j] += bv[j];
+                if (o.residual) v[j] = rv[j] + v[j];
+            }
+        }
+        out = make_float4(v[0], v[1], v[2], v[3]);
+        *reinterpret_cast<float4*>(o.y + i) = out;
+    }
+}
+
+// SCR_CUDA_PREFILL_PASSES=scalar keeps the one-element-per-thread split and closing passes (A/B
+// runs; the same bits either way).
+bool vec4_passes() {
+    static const bool on = [] {
+        const char* e = std::getenv("SCR_CUDA_PREFILL_PASSES");
+        return !(e && std::strcmp(e, "scalar") == 0);
+    }();
+    return on;
+}
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool vec4_outputs_ok(const HalvesArgs& a, int count) {
+    if (!vec4_passes()) return false;
+    for (int i = 0; i < count; ++i) {
+        const HalvesOut& o = a.out[i];
+        if (o.n % 4 != 0 || !aligned16(o.t) || !aligned16(o.y) || (o.u && !aligned16(o.u)) || (o.bias && !aligned16(o.bias)) ||
+            (o.residual && !aligned16(o.residual)) || (o.scale && !aligned16(o.scale)) || (o.scale_u && !aligned16(o.scale_u)))
+            return false;
+    }
+    return true;
+}
+
 int blocks_for(int64_t n) { return int(std::min<int64_t>((n + 255) / 256, 8192)); }
+
+// x [elems] as bf16 hi (x2) and lo (x2 + elems).
+void split_x(cudaStream_t stream, int64_t elems, const float* x, __nv_bfloat16* x2) {
+    if (vec4_passes() && elems % 4 == 0 && aligned16(x) && reinterpret_cast<uintptr_t>(x2) % 8 == 0)
+        split_hi_lo_vec4_kernel<<<blocks_for(elems / 4), 256, 0, stream>>>(elems / 4, reinterpret_cast<const float4*>(x),
+                                                                          reinterpret_cast<uint2*>(x2), reinterpret_cast<uint2*>(x2 + elems));
+    else
+        split_hi_lo_kernel<<<blocks_for(elems), 256, 0, stream>>>(elems, x, x2, x2 + elems);
+}
 
 bool enabled() {
     static const bool on = [] {
@@ -300,6 +399,8 @@ int cublas_decode_bucket(int rows) {
     return single_decode_algo() || rows > kSmallDecodeRows ? 1 : 0;
 }
 
+int cublas_decode_max_rows() { return kDecodeRows; }
+
 int cublas_min_rows() {
     static const int min_rows = [] {
         const char* e = std::getenv("SCR_CUDA_CUBLAS_MIN_ROWS");
@@ -314,10 +415,10 @@ int prefill_linears_bf16(cudaStream_t stream, int rows, int k, const float* x, c
     State& st = state();
     std::lock_guard lock(st.mu);
     const size_t elems = size_t(rows) * k;
-    const auto round_up = [](size_t b) { return (b + 255) / 256 * 256; };
     // Per output: T (and U) [2 rows][n] floats, with scaled codes their [n] column scales; the
     // expanded weights: one matrix at a time, hi + lo bf16, or the codes alone.
-    // Every buffer starts 256-byte aligned (cuBLASLt's operands).
+    // Every buffer starts 256-byte aligned (cuBLASLt's operands): each is sized in whole 64-float
+    // (256-byte) units, so every sum of sizes below is an aligned offset.
     const auto floats = [](size_t n) { return (n + 63) / 64 * 64; };
     const bool scaled = expander && expander->scaled;
     // x as hi + lo (two stacked GEMM operands) unless SCR_CUDA_PREFILL_X=bf16 asks for x_hi alone
@@ -330,8 +431,8 @@ int prefill_linears_bf16(cudaStream_t stream, int rows, int k, const float* x, c
         if (expander) w_bytes = std::max(w_bytes, size_t(outs[i].n) * k * (scaled ? 2 : 4));
     }
     if (w_bytes > kMaxExpandedBytes) return 0;
-    const size_t x_bytes = round_up(elems * 4);
-    std::byte* scratch = st.need(stream, x_bytes + round_up(t_bytes) + w_bytes);
+    const size_t x_bytes = 4 * floats(elems);  // x as bf16 hi + lo: 2 x 2 bytes per element
+    std::byte* scratch = st.need(stream, x_bytes + t_bytes + w_bytes);
     if (!scratch) return 0;
     // Every algorithm and layout first: nothing is written unless every GEMM can run.
     for (int i = 0; i < count; ++i)
@@ -340,12 +441,12 @@ int prefill_linears_bf16(cudaStream_t stream, int rows, int k, const float* x, c
     if (norm_w)
         norm_split_hi_lo_kernel<<<rows, kNormSplitThreads, 0, stream>>>(k, x, norm_w, eps, int64_t(elems), x2);
     else
-        split_hi_lo_kernel<<<blocks_for(int64_t(elems)), 256, 0, stream>>>(int64_t(elems), x, x2, x2 + elems);
+        split_x(stream, int64_t(elems), x, x2);
     HalvesArgs args;
     args.rows = rows;
     args.xparts = xparts;
     auto* t = reinterpret_cast<float*>(scratch + kWorkspaceBytes + x_bytes);
-    auto* w_hi = reinterpret_cast<void*>(scratch + kWorkspaceBytes + x_bytes + round_up(t_bytes));
+    auto* w_hi = reinterpret_cast<void*>(scratch + kWorkspaceBytes + x_bytes + t_bytes);
     // One output's T: from its bf16 weight, or (expander) from the hi and lo matrices it writes, the
     // second GEMM adding into the first's T, or from the codes it writes (scaled: their column scales
     // go to `scale`, [n] floats, applied by the closing pass).
@@ -383,8 +484,14 @@ int prefill_linears_bf16(cudaStream_t stream, int rows, int k, const float* x, c
         }
         widest = std::max(widest, o.n);
     }
-    if (done > 0)
+    if (done > 0 && vec4_outputs_ok(args, done)) {
+        // Columns over blockIdx.x (256 threads x 4 each), rows over blockIdx.y: up to ~8k blocks per output.
+        const int col_blocks = (widest / 4 + 255) / 256;
+        const int row_blocks = std::max(1, std::min(rows, 8192 / col_blocks));
+        sum_outputs_vec4_kernel<<<dim3(col_blocks, row_blocks, done), 256, 0, stream>>>(args);
+    } else if (done > 0) {
         sum_outputs_kernel<<<dim3(blocks_for(int64_t(rows) * widest), done), 256, 0, stream>>>(args);
+    }
     return done;
 }
 
@@ -398,7 +505,7 @@ bool prefill_linear_bf16(cudaStream_t stream, int rows, int n, int k, const floa
     if (!scratch) return false;
     auto* x2 = reinterpret_cast<__nv_bfloat16*>(scratch + kWorkspaceBytes);  // [2 rows][k]: hi, then lo
     auto* t = reinterpret_cast<float*>(x2 + 2 * elems);                       // [2 rows][n]
-    split_hi_lo_kernel<<<blocks_for(int64_t(elems)), 256, 0, stream>>>(int64_t(elems), x, x2, x2 + elems);
+    split_x(stream, int64_t(elems), x, x2);
     if (!st.gemm_stacked(stream, rows, n, k, x2, w, t)) return false;  // y untouched: the caller's GEMM takes it
     sum_halves_kernel<<<blocks_for(int64_t(out)), 256, 0, stream>>>(int64_t(out), n, t, bias, residual, y);
     return true;
@@ -414,7 +521,7 @@ bool prefill_swiglu_bf16(cudaStream_t stream, int rows, int n, int k, const floa
     auto* x2 = reinterpret_cast<__nv_bfloat16*>(scratch + kWorkspaceBytes);
     auto* g = reinterpret_cast<float*>(x2 + 2 * elems);
     auto* u = g + 2 * out;
-    split_hi_lo_kernel<<<blocks_for(int64_t(elems)), 256, 0, stream>>>(int64_t(elems), x, x2, x2 + elems);
+    split_x(stream, int64_t(elems), x, x2);
     if (!st.gemm_stacked(stream, rows, n, k, x2, wg, g) || !st.gemm_stacked(stream, rows, n, k, x2, wu, u)) return false;
     swiglu_halves_kernel<<<blocks_for(int64_t(out)), 256, 0, stream>>>(int64_t(out), g, u, y);
     return true;

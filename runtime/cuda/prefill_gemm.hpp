@@ -24,6 +24,10 @@ int cublas_min_rows();
 // take the call as decode (fewer than cublas_min_rows() rows, or a prefill above 256).
 int cublas_decode_bucket(int rows);
 
+// The largest decode bucket's rows (256, the largest batch the CUDA graphs capture): calls of more
+// rows are prefill, where results may depend on the call's row count.
+int cublas_decode_max_rows();
+
 // One output of prefill_linears_bf16: y[rows][n] = x W^T (+ bias) (+ residual; may be y), or with
 // w_up set, y = silu(x W^T) * (x W_up^T) (no bias, no residual). W, W_up bf16 [n][k].
 struct GemmOut {

@@ -774,6 +774,108 @@ struct FusedCase {
     bool swiglu, norm, bias;
 };
 
+// The input of a fused case: `rows` token rows of x with a magnitude that changes from row to row,
+// the norm weight around 1, and what the float64 reference multiplies (rmsnorm(x) * w rounded to
+// float, or x itself when the case folds no norm); x and the norm weight also on the device.
+struct FusedInput {
+    std::vector<float> hx, hnw, hxn;
+    float* x = nullptr;
+    float* nw = nullptr;
+};
+FusedInput make_fused_input(const FusedCase& fc, int rows, uint32_t seed, float eps) {
+    const int k = fc.k;
+    FusedInput in;
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    in.hx.resize(size_t(rows) * k);
+    in.hnw.resize(k);
+    in.hxn.resize(in.hx.size());
+    for (int t = 0; t < rows; ++t)
+        for (int i = 0; i < k; ++i) in.hx[size_t(t) * k + i] = uni(rng) * (0.05f + 0.3f * float(t % 7));
+    for (int i = 0; i < k; ++i) in.hnw[i] = 1.0f + 0.5f * uni(rng);
+    for (int t = 0; t < rows; ++t) {
+        const float* xt = in.hx.data() + size_t(t) * k;
+        double ss = 0.0;
+        for (int i = 0; i < k; ++i) ss += double(xt[i]) * xt[i];
+        const double inv = 1.0 / std::sqrt(ss / k + double(eps));
+        for (int i = 0; i < k; ++i) in.hxn[size_t(t) * k + i] = fc.norm ? float(double(xt[i]) * in.hnw[i] * inv) : xt[i];
+    }
+    CK(cudaMalloc(&in.x, sizeof(float) * in.hx.size()));
+    CK(cudaMalloc(&in.nw, sizeof(float) * k));
+    CK(cudaMemcpy(in.x, in.hx.data(), sizeof(float) * in.hx.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(in.nw, in.hnw.data(), sizeof(float) * k, cudaMemcpyHostToDevice));
+    return in;
+}
+void free_fused_input(FusedInput& in) {
+    cudaFree(in.x);
+    cudaFree(in.nw);
+}
+
+// A fused case's matrices in one format: weights (device and host copies), outputs of `rows` rows
+// set to NaN (an unwritten output fails its check), and biases when the case has them.
+struct FusedMats {
+    int nmat = 0;
+    DevWeights w[3];
+    HostWeights hw[3];
+    float* y[3] = {};
+    float* bias[3] = {};
+    std::vector<float> hbias[3];
+};
+int fused_nmat(const FusedCase& fc) { return fc.swiglu ? 2 : fc.n[2] > 0 ? 3 : fc.n[1] > 0 ? 2 : 1; }
+FusedMats make_fused_mats(const FusedCase& fc, Fmt f, int rows, uint64_t weight_seed, uint64_t bias_seed) {
+    FusedMats mats;
+    mats.nmat = fused_nmat(fc);
+    for (int m = 0; m < mats.nmat; ++m) {
+        const int n = fc.n[m];
+        mats.w[m] = make_weights(f, n, fc.k, weight_seed + 31 * m + fc.k);
+        mats.hw[m] = download(f, n, fc.k, mats.w[m]);
+        CK(cudaMalloc(&mats.y[m], sizeof(float) * rows * n));
+        CK(cudaMemset(mats.y[m], 0xff, sizeof(float) * rows * n));
+        if (fc.bias) {
+            CK(cudaMalloc(&mats.bias[m], sizeof(float) * n));
+            fill_values(mats.bias[m], false, n, bias_seed + 7 * m + n, -0.5f, 0.5f);
+            mats.hbias[m].resize(n);
+            CK(cudaMemcpy(mats.hbias[m].data(), mats.bias[m], sizeof(float) * n, cudaMemcpyDeviceToHost));
+        }
+    }
+    return mats;
+}
+void free_fused_mats(FusedMats& mats) {
+    for (int m = 0; m < mats.nmat; ++m) {
+        free_weights(mats.w[m]);
+        cudaFree(mats.y[m]);
+        cudaFree(mats.bias[m]);
+    }
+}
+
+// The residual a single-matrix case adds: [rows][n] in [-2, 2), on the device and in `host`.
+float* make_residual(int rows, int n, uint64_t seed, std::vector<float>& host) {
+    float* residual = nullptr;
+    CK(cudaMalloc(&residual, sizeof(float) * rows * n));
+    fill_values(residual, false, size_t(rows) * n, seed, -2.0f, 2.0f);
+    host.resize(size_t(rows) * n);
+    CK(cudaMemcpy(host.data(), residual, sizeof(float) * host.size(), cudaMemcpyDeviceToHost));
+    return residual;
+}
+
+// What a fused output should be, and how far it may be off, from the float64 sums x.w (r) and
+// |x|.|w| (its bound rb; u and ub: SwiGLU's up matrix): the tensor-core kernels' bound on each sum,
+// carried through silu(r) * u for SwiGLU; otherwise r plus the bias and residual (`added`) with
+// float32 rounding of the sum.
+struct Expected {
+    double value, tol;
+};
+Expected fused_expected(bool swiglu, double r, double rb, double u, double ub, double added) {
+    double tol = kMmaTolRel * rb + kMmaTolAbs;
+    if (swiglu) {
+        const double tu = kMmaTolRel * ub + kMmaTolAbs, sg = r / (1.0 + std::exp(-r));
+        tol = 1.1 * std::fabs(u) * tol + std::fabs(sg) * tu + 1e-6 * std::fabs(sg * u);
+        return {sg * u, tol};
+    }
+    const double value = r + added;
+    return {value, tol + 1e-7 * std::fabs(value)};
+}
+
 int fused_checks(cudaStream_t st) {
     const FusedCase cases[] = {
         {"1B qkv grouped", 2048, {2048, 512, 512}, false, false, true},
@@ -790,56 +892,27 @@ int fused_checks(cudaStream_t st) {
     int failures = 0;
     for (const FusedCase& fc : cases) {
         const int k = fc.k;
-        const int nmat = fc.swiglu ? 2 : fc.n[2] > 0 ? 3 : fc.n[1] > 0 ? 2 : 1;
+        const int nmat = fused_nmat(fc);
         const bool residual_on = nmat == 1;
-        // x with a different magnitude per token row; the norm weight around 1.
-        std::mt19937 rng(4242 + k + nmat);
-        std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-        std::vector<float> hx(size_t(kMaxRows) * k), hnw(k), hxn(size_t(kMaxRows) * k);
-        for (int t = 0; t < kMaxRows; ++t)
-            for (int i = 0; i < k; ++i) hx[size_t(t) * k + i] = uni(rng) * (0.05f + 0.3f * float(t % 7));
-        for (int i = 0; i < k; ++i) hnw[i] = 1.0f + 0.5f * uni(rng);
-        for (int t = 0; t < kMaxRows; ++t) {
-            double ss = 0.0;
-            for (int i = 0; i < k; ++i) ss += double(hx[size_t(t) * k + i]) * hx[size_t(t) * k + i];
-            const double inv = 1.0 / std::sqrt(ss / k + double(eps));
-            for (int i = 0; i < k; ++i)
-                hxn[size_t(t) * k + i] = fc.norm ? float(double(hx[size_t(t) * k + i]) * hnw[i] * inv) : hx[size_t(t) * k + i];
-        }
-        float *x = nullptr, *nw = nullptr;
-        CK(cudaMalloc(&x, sizeof(float) * hx.size()));
-        CK(cudaMalloc(&nw, sizeof(float) * k));
-        CK(cudaMemcpy(x, hx.data(), sizeof(float) * hx.size(), cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(nw, hnw.data(), sizeof(float) * k, cudaMemcpyHostToDevice));
+        FusedInput in = make_fused_input(fc, kMaxRows, 4242 + k + nmat, eps);
+        float* const x = in.x;
+        float* const nw = in.nw;
+        const std::vector<float>& hxn = in.hxn;
         for (Fmt f : g_formats) {
             if (is_int4(f) && k % 128 != 0) continue;
-            DevWeights w[3];
-            HostWeights hw[3];
+            FusedMats mats = make_fused_mats(fc, f, kMaxRows, 900, 5000);
+            const DevWeights* w = mats.w;
+            float* const* bias = mats.bias;
+            const std::vector<float>* hbias = mats.hbias;
+            float* const(&y)[3] = mats.y;
             Reference ref[3];
-            float *y[3] = {}, *y_alone[3] = {}, *bias[3] = {};
-            std::vector<float> hbias[3];
-            float* residual = nullptr;
-            std::vector<float> hres;
+            float* y_alone[3] = {};
             for (int m = 0; m < nmat; ++m) {
-                const int n = fc.n[m];
-                w[m] = make_weights(f, n, k, 900 + 31 * m + k);
-                hw[m] = download(f, n, k, w[m]);
-                ref[m] = reference(f, hw[m], n, k, hxn);
-                CK(cudaMalloc(&y[m], sizeof(float) * kMaxRows * n));
-                CK(cudaMalloc(&y_alone[m], sizeof(float) * kMaxRows * n));
-                if (fc.bias) {
-                    CK(cudaMalloc(&bias[m], sizeof(float) * n));
-                    fill_values(bias[m], false, n, 5000 + 7 * m + n, -0.5f, 0.5f);
-                    hbias[m].resize(n);
-                    CK(cudaMemcpy(hbias[m].data(), bias[m], sizeof(float) * n, cudaMemcpyDeviceToHost));
-                }
+                ref[m] = reference(f, mats.hw[m], fc.n[m], k, hxn);
+                CK(cudaMalloc(&y_alone[m], sizeof(float) * kMaxRows * fc.n[m]));
             }
-            if (residual_on) {
-                CK(cudaMalloc(&residual, sizeof(float) * kMaxRows * fc.n[0]));
-                fill_values(residual, false, size_t(kMaxRows) * fc.n[0], 6000 + k, -2.0f, 2.0f);
-                hres.resize(size_t(kMaxRows) * fc.n[0]);
-                CK(cudaMemcpy(hres.data(), residual, sizeof(float) * hres.size(), cudaMemcpyDeviceToHost));
-            }
+            std::vector<float> hres;
+            float* residual = residual_on ? make_residual(kMaxRows, fc.n[0], 6000 + k, hres) : nullptr;
             auto args = [&](int rows, int row0, float* const (&ys)[3]) {
                 QuantFusedArgs a;
                 for (int m = 0; m < nmat; ++m)
@@ -879,22 +952,14 @@ int fused_checks(cudaStream_t st) {
                         for (size_t j = 0; j < cnt; ++j) {
                             const int nn = ref[m].rows_checked[j];
                             const double out = hy[m][size_t(t) * fc.n[m] + nn];
-                            double r = ref[m].y[slot * cnt + j];
-                            double tol = kMmaTolRel * ref[m].bound[slot * cnt + j] + kMmaTolAbs;
-                            if (fc.swiglu) {  // ref[1] has the same rows checked (same n)
-                                const double u = ref[1].y[slot * cnt + j];
-                                const double tu = kMmaTolRel * ref[1].bound[slot * cnt + j] + kMmaTolAbs;
-                                const double sg = r / (1.0 + std::exp(-r));
-                                tol = 1.1 * std::fabs(u) * tol + std::fabs(sg) * tu + 1e-6 * std::fabs(sg * u);
-                                r = sg * u;
-                            } else {
-                                if (fc.bias) r += hbias[m][nn];
-                                if (residual_on) r += hres[size_t(t) * fc.n[0] + nn];
-                                tol += 1e-7 * std::fabs(r);
-                            }
-                            const double e = std::fabs(out - r);
-                            if (!(e <= tol)) ++wrong;
-                            worst = std::max(worst, e / tol);
+                            // SwiGLU: ref[1] (the up matrix) has the same rows checked (same n).
+                            const size_t at = slot * cnt + j;
+                            const double added = (fc.bias ? hbias[m][nn] : 0.0) + (residual_on ? hres[size_t(t) * fc.n[0] + nn] : 0.0);
+                            const Expected ex = fc.swiglu ? fused_expected(true, ref[0].y[at], ref[0].bound[at], ref[1].y[at], ref[1].bound[at], 0.0)
+                                                          : fused_expected(false, ref[m].y[at], ref[m].bound[at], 0.0, 0.0, added);
+                            const double e = std::fabs(out - ex.value);
+                            if (!(e <= ex.tol)) ++wrong;
+                            worst = std::max(worst, e / ex.tol);
                             ++checked;
                         }
                     }
@@ -953,21 +1018,16 @@ int fused_checks(cudaStream_t st) {
                 qdetail::qsmem_pipe_override() = -2;
             }
             }
-            for (int m = 0; m < nmat; ++m) {
-                free_weights(w[m]);
-                cudaFree(y[m]);
-                cudaFree(y_alone[m]);
-                cudaFree(bias[m]);
-            }
+            for (int m = 0; m < nmat; ++m) cudaFree(y_alone[m]);
+            free_fused_mats(mats);
             cudaFree(residual);
         }
-        cudaFree(x);
-        cudaFree(nw);
+        free_fused_input(in);
     }
     return failures;
 }
 
-// Prefill-sized calls (quant_prefill.cuh: dequantized hi + lo weights on cuBLASLt, from 257 rows):
+// Prefill-sized calls (quant_prefill.cuh: dequantized hi + lo weights on cuBLASLt, above the decode buckets):
 // 300 token rows of every format through quant_linear / quant_linear_fused's automatic path, the
 // cases of fused_checks that a model's prefill runs, against the float64 reference at token rows
 // 0, 1, 137 and 299 with the tensor-core bound; every output of the 300 rows must be written.
@@ -984,58 +1044,22 @@ int prefill_checks(cudaStream_t st) {
     int failures = 0;
     for (const FusedCase& fc : cases) {
         const int k = fc.k;
-        const int nmat = fc.swiglu ? 2 : fc.n[2] > 0 ? 3 : fc.n[1] > 0 ? 2 : 1;
+        const int nmat = fused_nmat(fc);
         const int nout = fc.swiglu ? 1 : nmat;
-        std::mt19937 rng(777 + k + nmat);
-        std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-        std::vector<float> hx(size_t(kRows) * k), hnw(k), hxn(hx.size());
-        for (int t = 0; t < kRows; ++t)
-            for (int i = 0; i < k; ++i) hx[size_t(t) * k + i] = uni(rng) * (0.05f + 0.3f * float(t % 7));
-        for (int i = 0; i < k; ++i) hnw[i] = 1.0f + 0.5f * uni(rng);
-        for (int t = 0; t < kRows; ++t) {
-            double ss = 0.0;
-            for (int i = 0; i < k; ++i) ss += double(hx[size_t(t) * k + i]) * hx[size_t(t) * k + i];
-            const double inv = 1.0 / std::sqrt(ss / k + double(eps));
-            for (int i = 0; i < k; ++i)
-                hxn[size_t(t) * k + i] = fc.norm ? float(double(hx[size_t(t) * k + i]) * hnw[i] * inv) : hx[size_t(t) * k + i];
-        }
-        float *x = nullptr, *nw = nullptr, *residual = nullptr;
-        CK(cudaMalloc(&x, sizeof(float) * hx.size()));
-        CK(cudaMalloc(&nw, sizeof(float) * k));
-        CK(cudaMemcpy(x, hx.data(), sizeof(float) * hx.size(), cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(nw, hnw.data(), sizeof(float) * k, cudaMemcpyHostToDevice));
+        FusedInput in = make_fused_input(fc, kRows, 777 + k + nmat, eps);
         std::vector<float> hres;
-        if (nmat == 1) {
-            CK(cudaMalloc(&residual, sizeof(float) * kRows * fc.n[0]));
-            fill_values(residual, false, size_t(kRows) * fc.n[0], 6100 + k, -2.0f, 2.0f);
-            hres.resize(size_t(kRows) * fc.n[0]);
-            CK(cudaMemcpy(hres.data(), residual, sizeof(float) * hres.size(), cudaMemcpyDeviceToHost));
-        }
+        float* residual = nmat == 1 ? make_residual(kRows, fc.n[0], 6100 + k, hres) : nullptr;
         for (Fmt f : g_formats) {
             if (is_int4(f) && k % group_of(f) != 0) continue;
-            DevWeights w[3];
-            HostWeights hw[3];
-            float *y[3] = {}, *bias[3] = {};
-            std::vector<float> hbias[3];
-            for (int m = 0; m < nmat; ++m) {
-                w[m] = make_weights(f, fc.n[m], k, 1900 + 31 * m + k);
-                hw[m] = download(f, fc.n[m], k, w[m]);
-                CK(cudaMalloc(&y[m], sizeof(float) * kRows * fc.n[m]));
-                CK(cudaMemset(y[m], 0xff, sizeof(float) * kRows * fc.n[m]));  // NaN: unwritten outputs fail
-                if (fc.bias) {
-                    CK(cudaMalloc(&bias[m], sizeof(float) * fc.n[m]));
-                    fill_values(bias[m], false, fc.n[m], 5100 + 7 * m + fc.n[m], -0.5f, 0.5f);
-                    hbias[m].resize(fc.n[m]);
-                    CK(cudaMemcpy(hbias[m].data(), bias[m], sizeof(float) * fc.n[m], cudaMemcpyDeviceToHost));
-                }
-            }
+            FusedMats mats = make_fused_mats(fc, f, kRows, 1900, 5100);
             QuantFusedArgs a;
-            for (int m = 0; m < nmat; ++m) a.mat[m] = QuantMat{w[m].q, w[m].scales, w[m].biases, bias[m], y[m], fc.n[m]};
+            for (int m = 0; m < nmat; ++m)
+                a.mat[m] = QuantMat{mats.w[m].q, mats.w[m].scales, mats.w[m].biases, mats.bias[m], mats.y[m], fc.n[m]};
             if (fc.swiglu) a.mat[1].y = a.mat[0].y;
             a.nmat = nmat;
-            a.x = x;
+            a.x = in.x;
             a.residual = residual;
-            a.norm_w = fc.norm ? nw : nullptr;
+            a.norm_w = fc.norm ? in.nw : nullptr;
             a.eps = eps;
             a.k = k;
             a.rows = kRows;
@@ -1049,16 +1073,16 @@ int prefill_checks(cudaStream_t st) {
             std::vector<float> hy[3];
             for (int m = 0; m < nout; ++m) {
                 hy[m].resize(size_t(kRows) * fc.n[m]);
-                CK(cudaMemcpy(hy[m].data(), y[m], sizeof(float) * hy[m].size(), cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(hy[m].data(), mats.y[m], sizeof(float) * hy[m].size(), cudaMemcpyDeviceToHost));
                 for (float v : hy[m]) unwritten += std::isnan(v) ? 1 : 0;
             }
             std::vector<double> wr(k), br(k), wu(k), bu(k);
             for (int m = 0; m < nout; ++m)
                 for (int nn = 0; nn < fc.n[m]; nn += (nn < 16 || nn >= fc.n[m] - 16) ? 1 : 7) {
-                    dequant_row(f, hw[m], k, nn, wr, br);
-                    if (fc.swiglu) dequant_row(f, hw[1], k, nn, wu, bu);
+                    dequant_row(f, mats.hw[m], k, nn, wr, br);
+                    if (fc.swiglu) dequant_row(f, mats.hw[1], k, nn, wu, bu);
                     for (int t : toks) {
-                        const float* xt = hxn.data() + size_t(t) * k;
+                        const float* xt = in.hxn.data() + size_t(t) * k;
                         double r = 0.0, rb = 0.0, u = 0.0, ub = 0.0;
                         for (int i = 0; i < k; ++i) {
                             r += double(xt[i]) * wr[i];
@@ -1068,19 +1092,11 @@ int prefill_checks(cudaStream_t st) {
                                 ub += std::fabs(double(xt[i])) * bu[i];
                             }
                         }
-                        double tol = kMmaTolRel * rb + kMmaTolAbs;
-                        if (fc.swiglu) {
-                            const double tu = kMmaTolRel * ub + kMmaTolAbs, sg = r / (1.0 + std::exp(-r));
-                            tol = 1.1 * std::fabs(u) * tol + std::fabs(sg) * tu + 1e-6 * std::fabs(sg * u);
-                            r = sg * u;
-                        } else {
-                            if (fc.bias) r += hbias[m][nn];
-                            if (nmat == 1) r += hres[size_t(t) * fc.n[0] + nn];
-                            tol += 1e-7 * std::fabs(r);
-                        }
-                        const double e = std::fabs(double(hy[m][size_t(t) * fc.n[m] + nn]) - r);
-                        if (!(e <= tol)) ++wrong;
-                        worst = std::max(worst, e / tol);
+                        const double added = (fc.bias ? mats.hbias[m][nn] : 0.0) + (nmat == 1 ? hres[size_t(t) * fc.n[0] + nn] : 0.0);
+                        const Expected ex = fused_expected(fc.swiglu, r, rb, u, ub, added);
+                        const double e = std::fabs(double(hy[m][size_t(t) * fc.n[m] + nn]) - ex.value);
+                        if (!(e <= ex.tol)) ++wrong;
+                        worst = std::max(worst, e / ex.tol);
                         ++checked;
                     }
                 }
@@ -1089,17 +1105,91 @@ int prefill_checks(cudaStream_t st) {
             std::printf("check prefill %-32s k %4d %-13s rows %d%s: %zu outputs checked, err/tol max %.2e, wrong %zu, unwritten %zu -> %s\n",
                         fc.what, k, name_of(f), kRows, ran ? "" : " (cuBLASLt path did NOT run)", checked, worst, wrong, unwritten,
                         ok ? "ok" : "FAILED");
-            for (int m = 0; m < nmat; ++m) {
-                free_weights(w[m]);
-                cudaFree(y[m]);
-                cudaFree(bias[m]);
-            }
+            free_fused_mats(mats);
         }
-        cudaFree(x);
-        cudaFree(nw);
+        free_fused_input(in);
         cudaFree(residual);
     }
     return failures;
+}
+
+// Where a quantized prefill call's time goes (bench runs only; docs/CUDA.md "Session 11"): a SwiGLU +
+// norm call of 2,048 token rows through the automatic path (both matrices expanded, then cuBLASLt)
+// against the two expansions alone (qexpand, into a buffer of our own), per format, on the 1B and 8B
+// gate/up shapes. Events around 5 calls after a warm-up; no graph (the calls take milliseconds).
+template <class F>
+void expand_both(cudaStream_t st, const QuantFusedArgs& a, void* w, void* aux) {
+    const size_t hi_bytes = size_t(a.mat[0].n) * a.k * 2;
+    void* second = F::kAffine ? static_cast<void*>(static_cast<char*>(w) + hi_bytes) : aux;
+    qdetail::qexpand<F, true>(&a, 0, false, w, second, st);
+    qdetail::qexpand<F, true>(&a, 0, true, w, second, st);
+}
+void expand_both(Fmt f, cudaStream_t st, const QuantFusedArgs& a, void* w, void* aux) {
+    switch (f) {
+        case Fmt::int4_g32: expand_both<qdetail::MlxInt4<32, bf16_t>>(st, a, w, aux); break;
+        case Fmt::int4_g64: expand_both<qdetail::MlxInt4<64, bf16_t>>(st, a, w, aux); break;
+        case Fmt::int4_g128: expand_both<qdetail::MlxInt4<128, bf16_t>>(st, a, w, aux); break;
+        case Fmt::int8: expand_both<qdetail::Int8Channel<bf16_t>>(st, a, w, aux); break;
+        case Fmt::fp8: expand_both<qdetail::Fp8E4M3<bf16_t, false>>(st, a, w, aux); break;
+        case Fmt::fp8_tensor: expand_both<qdetail::Fp8E4M3<bf16_t, true>>(st, a, w, aux); break;
+        default: die(text("expand_both: %s has no case here", name_of(f)));
+    }
+}
+void prefill_bench(cudaStream_t st) {
+    constexpr int kRows = 2048;
+    const FusedCase cases[] = {
+        {"1B gate/up swiglu + norm", 2048, {8192, 8192, 0}, true, true, false},
+        {"8B gate/up swiglu + norm", 4096, {14336, 14336, 0}, true, true, false},
+    };
+    std::printf("\nquantized prefill, %d token rows: the whole call vs its weight expansion alone (ms per call)\n", kRows);
+    for (const FusedCase& fc : cases) {
+        FusedInput in = make_fused_input(fc, kRows, 99, 1e-5f);
+        void *w = nullptr, *aux = nullptr;
+        CK(cudaMalloc(&w, size_t(fc.n[0]) * fc.k * 4));
+        CK(cudaMalloc(&aux, sizeof(float) * fc.n[0]));
+        for (Fmt f : g_formats) {
+            if (is_int4(f) && fc.k % group_of(f) != 0) continue;
+            FusedMats mats = make_fused_mats(fc, f, kRows, 3000, 0);
+            QuantFusedArgs a;
+            for (int m = 0; m < 2; ++m)
+                a.mat[m] = QuantMat{mats.w[m].q, mats.w[m].scales, mats.w[m].biases, nullptr, mats.y[0], fc.n[m]};
+            a.nmat = 2;
+            a.x = in.x;
+            a.norm_w = in.nw;
+            a.eps = 1e-5f;
+            a.k = fc.k;
+            a.rows = kRows;
+            const auto time_ms = [&](auto&& call) {
+                call();  // warm-up (and the scratch's first growth)
+                cudaEvent_t e0, e1;
+                CK(cudaEventCreate(&e0));
+                CK(cudaEventCreate(&e1));
+                CK(cudaEventRecord(e0, st));
+                for (int i = 0; i < 5; ++i) call();
+                CK(cudaEventRecord(e1, st));
+                CK(cudaEventSynchronize(e1));
+                float ms = 0;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                cudaEventDestroy(e0);
+                cudaEventDestroy(e1);
+                return ms / 5.0;
+            };
+            const int before = qdetail::quant_prefill_calls();
+            const double whole = time_ms([&] { launch_fused(f, st, a, true, QuantGemvPath::automatic); });
+            const bool ran = qdetail::quant_prefill_calls() == before + 6;
+            const double expand = time_ms([&] { expand_both(f, st, a, w, aux); });
+            CK(cudaGetLastError());
+            const double flops = 2.0 * 2.0 * kRows * double(fc.n[0]) * fc.k;  // two matrices
+            std::printf("prefill %-26s %-13s whole %7.3f ms (%4.0f TFLOPS of the model's 2 x rows x n x k per matrix), expansion %6.3f ms "
+                        "(%4.1f%%)%s\n",
+                        fc.what, name_of(f), whole, flops / (whole * 1e-3) / 1e12, expand, 100.0 * expand / whole,
+                        ran ? "" : "  (cuBLASLt path did NOT run)");
+            free_fused_mats(mats);
+        }
+        cudaFree(w);
+        cudaFree(aux);
+        free_fused_input(in);
+    }
 }
 
 int main(int argc, char** argv) try {
@@ -1387,6 +1477,7 @@ int main(int argc, char** argv) try {
     }
     failures += fused_checks(st);
     failures += prefill_checks(st);
+    if (bench) prefill_bench(st);
     CK(cudaDeviceSynchronize());
     if (bench) {
         std::printf("\nGB/s: bytes the kernel must read (packed weights + scales + biases; x and y not counted) per "
