@@ -9,7 +9,7 @@
 // attention, its next tiles keep arriving.
 //
 // Same bits as the launch-per-op step: every output is summed exactly as the GEMV (linear.cuh:
-// gemv_tile) sums it at 1-8 rows: the row's K cut into gemv_ksplit pieces, a lane's chunks of a
+// gemv_round + gemv_finish) sums it at 1-8 rows: the row's K cut into gemv_ksplit pieces, a lane's chunks of a
 // piece lane-strided in increasing order with the 8 products of a chunk in order, a butterfly over
 // the warp per piece, the pieces added in order; a folded RMSNorm's sum of squares cut and reduced
 // the same way, y = acc * inv. The attention is rope_attention_kernel's (one query head's work):

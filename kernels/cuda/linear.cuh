@@ -62,6 +62,7 @@ struct LinearParams {
     float eps = 0.0f;
     int rows = 0;
     L2Plan l2;  // GEMV only: upcoming weights its blocks prefetch into L2 (common.cuh)
+    bool prefetch_next = false;  // GEMV only: a tile's last load round is followed by the next tile's first
 };
 
 // Warps per weight row: enough (row, split) warps to keep ~16k warps of loads in flight over the
@@ -95,116 +96,126 @@ constexpr int gemv_chunk_batch(int rows_per_warp, bool swiglu, int chunks_per_sp
 // round. Every output's summation order (lane-strided chunks in increasing order, the chunk's 8
 // products in order, a butterfly over the warp, then the KSPLIT warps' partials in split order)
 // depends on the shape only, never on TR, RW or KB: batch-invariant, and the same bits as RW = 1.
-template <int K, typename WT, int TR, int KSPLIT, bool SWIGLU, bool NORM, int RW, int KB>
-__device__ __forceinline__ void gemv_tile(const LinearParams& p, int tile, bool& waited) {
-    using V = Vec16<WT>;
-    constexpr int kVec = V::n;
-    static_assert(K % kVec == 0, "K must be a whole number of 16-byte chunks");
-    constexpr int kChunks = K / kVec;
-    constexpr int kPerSplit = (kChunks + KSPLIT - 1) / KSPLIT;
-    constexpr int kRowsPerCta = kGemvWarps / KSPLIT * RW;
-    constexpr int kVals = SWIGLU ? 2 : 1;
-    __shared__ float partial[KSPLIT > 1 ? kGemvWarps : 1][kVals * RW + NORM][TR];
-
-    // More than TR token rows: groups of TR rows, the group index fastest across tiles, so the
-    // blocks reading the same weight rows run together and all but the first read hit L2.
-    const int groups = (p.rows + TR - 1) / TR;
-    const int group = tile % groups, row0 = group * TR;
-    const int rows = min(TR, p.rows - row0);
-    const float* x = p.x + size_t(row0) * K;
-    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-    const int split = warp % KSPLIT;
-    const int n0 = (tile / groups) * kRowsPerCta + (warp / KSPLIT) * RW;
-    // Each of the warp's rows finds its own segment (a grouped launch's rows may straddle two).
-    const WT* wr[RW];
-    const WT* ur[RW];
-    int seg[RW], nl[RW];
+//
+// A tile is kRowsPerCta weight rows x TR token rows. With more than TR token rows, groups of TR
+// rows, the group index fastest across tiles, so the blocks reading the same weight rows run
+// together and all but the first read hit L2. Each warp holds RW weight rows of its tile (each row
+// finds its own segment: a grouped launch's rows may straddle two) and one K split of them.
+template <int K, typename WT, int TR, int KSPLIT, bool SWIGLU, int RW>
+struct GemvWarpTile {
+    static constexpr int kVec = Vec16<WT>::n;
+    static constexpr int kChunks = K / kVec;
+    static constexpr int kPerSplit = (kChunks + KSPLIT - 1) / KSPLIT;
+    static constexpr int kRowsPerCta = kGemvWarps / KSPLIT * RW;
+    int row0 = 0, rows = 0;  // the tile's token rows
+    int seg[RW], nl[RW];     // each weight row's segment and row in it
+    const WT* wr[RW];        // null: past the last row
+    const WT* ur[RW];        // SwiGLU's up rows
     bool any_active = false;
-#pragma unroll
-    for (int r = 0; r < RW; ++r) {
-        int s = 0, l = n0 + r;
-        while (s + 1 < p.nseg && l >= p.seg[s].n) l -= p.seg[s++].n;
-        const bool live = n0 + r < p.n_total;
-        any_active = any_active || live;
-        seg[r] = s;
-        nl[r] = l;
-        wr[r] = live ? static_cast<const WT*>(p.seg[s].w) + size_t(l) * K : nullptr;
-        ur[r] = live && SWIGLU ? static_cast<const WT*>(p.seg[s].w_up) + size_t(l) * K : nullptr;
-    }
 
-    float acc[kVals][RW][TR], ss[TR];
+    __device__ __forceinline__ GemvWarpTile(const LinearParams& p, int tile) {
+        const int groups = (p.rows + TR - 1) / TR;
+        row0 = (tile % groups) * TR;
+        rows = min(TR, p.rows - row0);
+        const int warp = threadIdx.x / kWarp;
+        const int n0 = (tile / groups) * kRowsPerCta + (warp / KSPLIT) * RW;
 #pragma unroll
-    for (int t = 0; t < TR; ++t) {
-        ss[t] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kVals; ++j)
-#pragma unroll
-            for (int r = 0; r < RW; ++r) acc[j][r][t] = 0.0f;
+        for (int r = 0; r < RW; ++r) {
+            int sg = 0, l = n0 + r;
+            while (sg + 1 < p.nseg && l >= p.seg[sg].n) l -= p.seg[sg++].n;
+            const bool live = n0 + r < p.n_total;
+            any_active = any_active || live;
+            seg[r] = sg;
+            nl[r] = l;
+            wr[r] = live ? static_cast<const WT*>(p.seg[sg].w) + size_t(l) * K : nullptr;
+            ur[r] = live && SWIGLU ? static_cast<const WT*>(p.seg[sg].w_up) + size_t(l) * K : nullptr;
+        }
     }
-    if (any_active) {
-        const int c_begin = split * kPerSplit;
-        const int c_end = min(kChunks, c_begin + kPerSplit);
-        for (int c0 = c_begin; c0 < c_end; c0 += kWarp * KB) {
-            uint4 wv[KB][RW], uv[KB][SWIGLU ? RW : 1];
+    // This warp's K split: chunks [c_begin, c_end).
+    __device__ __forceinline__ static int c_begin() { return (int(threadIdx.x) / kWarp % KSPLIT) * kPerSplit; }
+    __device__ __forceinline__ static int c_end() { return min(kChunks, c_begin() + kPerSplit); }
+
+    // One load round: KB chunks per lane (lane-strided from c0) of each of the warp's rows.
+    template <int KB>
+    __device__ __forceinline__ void load(int c0, uint4 (&wv)[KB][RW], uint4 (&uv)[KB][SWIGLU ? RW : 1]) const {
+        const int lane = threadIdx.x % kWarp, end = c_end();
 #pragma unroll
-            for (int b = 0; b < KB; ++b) {
-                const int c = c0 + b * kWarp + lane;
+        for (int b = 0; b < KB; ++b) {
+            const int c = c0 + b * kWarp + lane;
 #pragma unroll
-                for (int r = 0; r < RW; ++r) {
-                    if (c < c_end && wr[r]) {
-                        wv[b][r] = load_stream16(wr[r] + size_t(c) * kVec);
-                        if constexpr (SWIGLU) uv[b][r] = load_stream16(ur[r] + size_t(c) * kVec);
-                    }
-                }
-            }
-            if (!waited) {
-                pdl_wait();
-                waited = true;
-            }
-#pragma unroll
-            for (int b = 0; b < KB; ++b) {
-                const int c = c0 + b * kWarp + lane;
-                if (c >= c_end) continue;
-                float nw[kVec];
-                if constexpr (NORM) {
-#pragma unroll
-                    for (int i = 0; i < kVec; i += 4) {
-                        const float4 f = __ldg(reinterpret_cast<const float4*>(p.norm_w + size_t(c) * kVec + i));
-                        nw[i] = f.x; nw[i + 1] = f.y; nw[i + 2] = f.z; nw[i + 3] = f.w;
-                    }
-                }
-#pragma unroll
-                for (int t = 0; t < TR; ++t) {
-                    if (t >= rows) break;
-                    float xf[kVec];
-#pragma unroll
-                    for (int i = 0; i < kVec; i += 4) {
-                        const float4 f = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * K + size_t(c) * kVec + i));
-                        xf[i] = f.x; xf[i + 1] = f.y; xf[i + 2] = f.z; xf[i + 3] = f.w;
-                    }
-                    if constexpr (NORM) {
-#pragma unroll
-                        for (int i = 0; i < kVec; ++i) {
-                            ss[t] += xf[i] * xf[i];
-                            xf[i] *= nw[i];
-                        }
-                    }
-#pragma unroll
-                    for (int r = 0; r < RW; ++r) {
-                        float wf[kVec], uf[kVec];
-                        V::unpack(wv[b][r], wf);
-                        if constexpr (SWIGLU) V::unpack(uv[b][r], uf);
-#pragma unroll
-                        for (int i = 0; i < kVec; ++i) {
-                            acc[0][r][t] += xf[i] * wf[i];
-                            if constexpr (SWIGLU) acc[1][r][t] += xf[i] * uf[i];
-                        }
-                    }
+            for (int r = 0; r < RW; ++r) {
+                if (c < end && wr[r]) {
+                    wv[b][r] = load_stream16(wr[r] + size_t(c) * kVec);
+                    if constexpr (SWIGLU) uv[b][r] = load_stream16(ur[r] + size_t(c) * kVec);
                 }
             }
         }
     }
-    if (!waited) pdl_wait();
+};
+
+// The products of one load round into acc (and x's squares into ss for a folded norm).
+template <int K, typename WT, int TR, bool SWIGLU, bool NORM, int RW, int KB>
+__device__ __forceinline__ void gemv_round(const LinearParams& p, int row0, int rows, int c0, int c_end, const uint4 (&wv)[KB][RW],
+                                           const uint4 (&uv)[KB][SWIGLU ? RW : 1], float (&acc)[SWIGLU ? 2 : 1][RW][TR],
+                                           float (&ss)[TR]) {
+    using V = Vec16<WT>;
+    constexpr int kVec = V::n;
+    const float* x = p.x + size_t(row0) * K;
+    const int lane = threadIdx.x % kWarp;
+#pragma unroll
+    for (int b = 0; b < KB; ++b) {
+        const int c = c0 + b * kWarp + lane;
+        if (c >= c_end) continue;
+        float nw[kVec];
+        if constexpr (NORM) {
+#pragma unroll
+            for (int i = 0; i < kVec; i += 4) {
+                const float4 f = __ldg(reinterpret_cast<const float4*>(p.norm_w + size_t(c) * kVec + i));
+                nw[i] = f.x; nw[i + 1] = f.y; nw[i + 2] = f.z; nw[i + 3] = f.w;
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < TR; ++t) {
+            if (t >= rows) break;
+            float xf[kVec];
+#pragma unroll
+            for (int i = 0; i < kVec; i += 4) {
+                const float4 f = __ldg(reinterpret_cast<const float4*>(x + size_t(t) * K + size_t(c) * kVec + i));
+                xf[i] = f.x; xf[i + 1] = f.y; xf[i + 2] = f.z; xf[i + 3] = f.w;
+            }
+            if constexpr (NORM) {
+#pragma unroll
+                for (int i = 0; i < kVec; ++i) {
+                    ss[t] += xf[i] * xf[i];
+                    xf[i] *= nw[i];
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < RW; ++r) {
+                float wf[kVec], uf[kVec];
+                V::unpack(wv[b][r], wf);
+                if constexpr (SWIGLU) V::unpack(uv[b][r], uf);
+#pragma unroll
+                for (int i = 0; i < kVec; ++i) {
+                    acc[0][r][t] += xf[i] * wf[i];
+                    if constexpr (SWIGLU) acc[1][r][t] += xf[i] * uf[i];
+                }
+            }
+        }
+    }
+}
+
+// A tile's sums: a butterfly per warp, the KSPLIT warps' partials in split order (through shared
+// memory; `partial` is reused from tile to tile, so a block's later tiles first wait for the
+// previous tile's readers), then the epilogue (norm scale, SwiGLU, bias, residual) by lane 0 of each
+// split-0 warp.
+template <int K, typename WT, int TR, int KSPLIT, bool SWIGLU, bool NORM, int RW>
+__device__ __forceinline__ void gemv_finish(const LinearParams& p, const GemvWarpTile<K, WT, TR, KSPLIT, SWIGLU, RW>& wt,
+                                            float (&acc)[SWIGLU ? 2 : 1][RW][TR], float (&ss)[TR], bool later_tile) {
+    constexpr int kVals = SWIGLU ? 2 : 1;
+    __shared__ float partial[KSPLIT > 1 ? kGemvWarps : 1][kVals * RW + NORM][TR];
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    const int split = warp % KSPLIT;
 #pragma unroll
     for (int t = 0; t < TR; ++t) {
         ss[t] = warp_sum(ss[t]);
@@ -213,6 +224,7 @@ __device__ __forceinline__ void gemv_tile(const LinearParams& p, int tile, bool&
 #pragma unroll
             for (int r = 0; r < RW; ++r) acc[j][r][t] = warp_sum(acc[j][r][t]);
     }
+    if (KSPLIT > 1 && later_tile) __syncthreads();  // the previous tile's partials have been read
     if constexpr (KSPLIT > 1) {
         if (lane == 0) {
 #pragma unroll
@@ -246,24 +258,24 @@ __device__ __forceinline__ void gemv_tile(const LinearParams& p, int tile, bool&
     if (lane != 0) return;
 #pragma unroll
     for (int t = 0; t < TR; ++t) {
-        if (t >= rows) break;
+        if (t >= wt.rows) break;
         float inv = 1.0f;
         if constexpr (NORM) inv = 1.0f / sqrtf(ss[t] / float(K) + p.eps);
 #pragma unroll
         for (int r = 0; r < RW; ++r) {
-            if (!wr[r]) continue;
-            const LinearOut& o = p.seg[seg[r]];
+            if (!wt.wr[r]) continue;
+            const LinearOut& o = p.seg[wt.seg[r]];
             float v = acc[0][r][t];
             float u = SWIGLU ? acc[kVals - 1][r][t] : 0.0f;
             if constexpr (NORM) {
                 v *= inv;
                 u *= inv;
             }
-            const size_t at = size_t(row0 + t) * o.n + nl[r];
+            const size_t at = size_t(wt.row0 + t) * o.n + wt.nl[r];
             if constexpr (SWIGLU) {
                 v = silu(v) * u;
             } else {
-                if (o.bias) v += o.bias[nl[r]];
+                if (o.bias) v += o.bias[wt.nl[r]];
                 if (o.residual) v = o.residual[at] + v;
             }
             o.y[at] = v;
@@ -271,20 +283,74 @@ __device__ __forceinline__ void gemv_tile(const LinearParams& p, int tile, bool&
     }
 }
 
+// SCR_CUDA_GEMV_NEXT=0: a block walking several tiles issues a tile's first weight loads only once
+// the previous tile is summed and stored (the kernel before session 11), instead of right after the
+// previous tile's last products, so that they fly during its butterflies, barrier and stores.
+inline bool gemv_prefetch_next_tile() {
+    static const bool on = [] {
+        const char* e = std::getenv("SCR_CUDA_GEMV_NEXT");
+        return !(e && e[0] == '0');
+    }();
+    return on;
+}
+
 // One tile (kRowsPerCta weight rows x TR token rows) per block, or, with a grid smaller than the
 // tiles (SCR_CUDA_GEMV=persist, the default), every block walks tiles blockIdx.x, + gridDim.x, ...:
 // a grid of what fits on the GPU at once keeps each SM streaming instead of refilling in waves.
-// A tile's arithmetic is the same either way.
+// A tile's arithmetic is the same either way, and whether the next tile's first loads are issued
+// before this tile's sums (p.prefetch_next) changes only when bytes arrive.
 template <int K, typename WT, int TR, int KSPLIT, bool SWIGLU, bool NORM, int RW, int KB>
-__global__ void __launch_bounds__(kGemvWarps * kWarp) gemv_kernel(const __grid_constant__ LinearParams p) {
-    constexpr int kRowsPerCta = kGemvWarps / KSPLIT * RW;
+__global__ void __launch_bounds__(kGemvWarps * kWarp, 2) gemv_kernel(const __grid_constant__ LinearParams p) {
+    using Tile = GemvWarpTile<K, WT, TR, KSPLIT, SWIGLU, RW>;
     pdl_trigger();
     l2_prefetch_part(p.l2, blockIdx.x, gridDim.x);  // the next launches' weights (none unless the emitter asked)
     bool waited = false;  // pdl_wait() comes after the first weight loads are in flight
-    const int tiles = (p.n_total + kRowsPerCta - 1) / kRowsPerCta * ((p.rows + TR - 1) / TR);
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        if (tile != int(blockIdx.x)) __syncthreads();  // the last tile's split partials are read
-        gemv_tile<K, WT, TR, KSPLIT, SWIGLU, NORM, RW, KB>(p, tile, waited);
+    const int tiles = (p.n_total + Tile::kRowsPerCta - 1) / Tile::kRowsPerCta * ((p.rows + TR - 1) / TR);
+    const int c_begin = Tile::c_begin(), c_end = Tile::c_end();
+    uint4 wv[KB][RW], uv[KB][SWIGLU ? RW : 1];
+    int tile = blockIdx.x;
+    if (tile < tiles) {
+        Tile cur(p, tile);
+        if (cur.any_active) cur.template load<KB>(c_begin, wv, uv);
+        for (bool later = false;; later = true) {
+            const int next = tile + int(gridDim.x);
+            const bool prefetch = p.prefetch_next && next < tiles;
+            float acc[SWIGLU ? 2 : 1][RW][TR], ss[TR];
+#pragma unroll
+            for (int t = 0; t < TR; ++t) {
+                ss[t] = 0.0f;
+#pragma unroll
+                for (int j = 0; j < (SWIGLU ? 2 : 1); ++j)
+#pragma unroll
+                    for (int r = 0; r < RW; ++r) acc[j][r][t] = 0.0f;
+            }
+            bool loaded_next = false;
+            if (cur.any_active) {
+                for (int c0 = c_begin; c0 < c_end; c0 += kWarp * KB) {
+                    if (!waited) {
+                        pdl_wait();
+                        waited = true;
+                    }
+                    gemv_round<K, WT, TR, SWIGLU, NORM, RW, KB>(p, cur.row0, cur.rows, c0, c_end, wv, uv, acc, ss);
+                    if (c0 + kWarp * KB < c_end) {
+                        cur.template load<KB>(c0 + kWarp * KB, wv, uv);
+                    } else if (prefetch) {
+                        const Tile nt(p, next);
+                        if (nt.any_active) nt.template load<KB>(c_begin, wv, uv);
+                        loaded_next = true;
+                    }
+                }
+            }
+            if (!waited) {
+                pdl_wait();
+                waited = true;
+            }
+            gemv_finish<K, WT, TR, KSPLIT, SWIGLU, NORM, RW>(p, cur, acc, ss, later);
+            if (next >= tiles) break;
+            tile = next;
+            cur = Tile(p, tile);
+            if (!loaded_next && cur.any_active) cur.template load<KB>(c_begin, wv, uv);
+        }
     }
     if (!waited) pdl_wait();
 }
@@ -707,7 +773,9 @@ void launch_gemv_rw(const Ctx& c, const LinearParams& p, bool persistent = false
         // (docs/CUDA.md, session 4): walk tiles only where each block gets a few.
         if (tiles <= 4 * resident) grid = tiles < resident ? tiles : resident;
     }
-    launch(c, kernel, dim3(grid), dim3(kGemvWarps * kWarp), p);
+    LinearParams q = p;
+    q.prefetch_next = grid < tiles && gemv_prefetch_next_tile();
+    launch(c, kernel, dim3(grid), dim3(kGemvWarps * kWarp), q);
 }
 
 template <int K, typename WT, int NTOTAL, bool SWIGLU, bool NORM, int TR>
