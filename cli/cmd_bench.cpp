@@ -33,7 +33,7 @@ struct BenchArgs {
     std::string model, quant, mode = "throughput", prefix_caching = "both";
     int threads = 0;
     int num_prompts = 64, input_len = 128, output_len = 64, shared_prefix = 0;
-    int max_num_seqs = 64, max_batched_tokens = 512, concurrency = 4;
+    int max_num_seqs = 64, max_batched_tokens = 0, concurrency = 4;  // 0 tokens: the compiled step size
     int batch = 1, context = 128, iters = 5;
     int64_t kv_cache_mb = 0;
     float temperature = 0;
@@ -200,7 +200,8 @@ void run_throughput(const BenchArgs& a, LoadedModel& lm) {
     const double floor_step_s = double(info.active_weight_bytes) / (bw * 1e9);
     fmt::print("throughput: {} requests, {} prompt + {} output tokens each, shared prefix {}, max_num_seqs {}, "
                "max_num_batched_tokens {}, temperature {}; model {} ({}), {} thread(s)\n",
-               a.num_prompts, a.input_len, a.output_len, a.shared_prefix, a.max_num_seqs, a.max_batched_tokens,
+               a.num_prompts, a.input_len, a.output_len, a.shared_prefix, a.max_num_seqs,
+               a.max_batched_tokens > 0 ? std::min(a.max_batched_tokens, info.max_batch_tokens) : info.max_batch_tokens,
                a.temperature, info.stem, info.quant, a.threads ? a.threads : int(std::thread::hardware_concurrency()));
     fmt::print("memory read bandwidth (2 threads, huge pages): {:.1f} GB/s -> weight-read floor {:.3f} ms per step "
                "({} bytes of weights per decode step)\n", bw, floor_step_s * 1e3, info.active_weight_bytes);
@@ -329,14 +330,15 @@ void run_forward(const BenchArgs& a, LoadedModel& lm) {
                "{:.1f} tokens/s\n", lm.weights->huge_page_bytes() ? "huge-page copy" : "file mapping", wbw,
                wbw * 1e9 / double(info.active_weight_bytes));
 
-    // Prefill: one sequence of L tokens in chunks of the compiled step size.
+    // Prefill: one sequence of L tokens in chunks of the compiled step size (or --max-batched-tokens, at most that).
+    const int step = a.max_batched_tokens > 0 ? std::min(a.max_batched_tokens, info.max_batch_tokens) : info.max_batch_tokens;
     std::vector<int32_t> ids(size_t(info.max_batch_tokens)), pos(ids.size()), table(static_cast<size_t>(stride));
     std::vector<int64_t> slots(ids.size());
     std::iota(table.begin(), table.end(), 1);
     int32_t qs[2], seq_len, row;
     auto prefill = [&] {
         for (int done = 0; done < L;) {
-            const int n = std::min(info.max_batch_tokens, L - done);
+            const int n = std::min(step, L - done);
             for (int i = 0; i < n; ++i) {
                 ids[size_t(i)] = int32_t(g() % uint32_t(info.vocab_size));
                 pos[size_t(i)] = done + i;
@@ -360,7 +362,7 @@ void run_forward(const BenchArgs& a, LoadedModel& lm) {
         prefill();
         best = std::min(best, seconds_since(t0));
     }
-    const int chunks = (L + info.max_batch_tokens - 1) / info.max_batch_tokens;
+    const int chunks = (L + step - 1) / step;
     fmt::print("prefill {} tokens ({} forward(s)): {:.1f} tokens/s (best of {}: {:.3f} s); weight-read floor "
                "{:.1f} tokens/s; ratio {:.2f}\n", L, chunks, L / best, a.iters, best,
                L / (chunks * floor_s), (chunks * floor_s) / best);
@@ -417,7 +419,9 @@ void setup(CLI::App& app) {
     c->add_option("--shared-prefix", a->shared_prefix, "leading prompt tokens shared by all requests")->check(CLI::Range(0, 1 << 24));
     c->add_option("--prefix-caching", a->prefix_caching, "on | off | both");
     c->add_option("--max-num-seqs", a->max_num_seqs, "most sequences per step")->check(CLI::Range(1, 1 << 20));
-    c->add_option("--max-batched-tokens", a->max_batched_tokens, "token budget per step")->check(CLI::Range(1, 1 << 24));
+    c->add_option("--max-batched-tokens", a->max_batched_tokens,
+                  "token budget per step; forward: the prefill chunk (default: the compiled step size)")
+        ->check(CLI::Range(1, 1 << 24));
     c->add_option("--kv-cache-mb", a->kv_cache_mb, "KV cache size in MiB (default: from free memory)")->check(CLI::Range(0, 1 << 24));
     c->add_option("--concurrency", a->concurrency, "requests in flight (latency)")->check(CLI::Range(1, 1 << 20));
     c->add_option("--batch", a->batch, "decode batch (forward)")->check(CLI::Range(1, 1 << 20));

@@ -109,8 +109,9 @@ void setup(CLI::App& app) {
     c->add_option("--threads", args->threads, "CPU threads for the kernels (default: all cores)");
     c->add_option("--max-num-seqs", args->engine.max_num_seqs, "sequences one engine step may run")
         ->capture_default_str()->check(CLI::Range(1, 4096));
-    c->add_option("--max-num-batched-tokens", args->engine.max_num_batched_tokens, "tokens one engine step may carry")
-        ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+    c->add_option("--max-num-batched-tokens", args->engine.max_num_batched_tokens,
+                  "tokens one engine step may carry (default: the compiled step size, 512 on the CPU, 2048 on CUDA)")
+        ->check(CLI::Range(1, 1 << 20));
     c->add_option("--max-model-len", args->engine.max_model_len, "prompt + output tokens per request (default: the "
                                                                  "model's context)")->check(CLI::Range(1, 1 << 24));
     c->add_option("--kv-cache-memory", args->kv_cache_memory, "KV cache budget: bytes or e.g. 4GiB, 512MiB "

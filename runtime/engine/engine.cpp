@@ -101,12 +101,16 @@ struct Engine::Impl {
 Engine::Impl::Impl(CompiledModel& m, const text::Tokenizer* tok, EngineConfig cfg)
     : model(m), info(m.info()), tokenizer(tok), config(cfg) {
     if (config.max_num_seqs < 1) fail("engine: max_num_seqs must be >= 1 (got {})", config.max_num_seqs);
-    if (config.max_num_batched_tokens < 1)
-        fail("engine: max_num_batched_tokens must be >= 1 (got {})", config.max_num_batched_tokens);
+    if (config.max_num_batched_tokens < 0)
+        fail("engine: max_num_batched_tokens must be >= 1, or 0 for the compiled step size (got {})", config.max_num_batched_tokens);
     if (info.block_size < 1 || info.kv_bytes_per_block < 1)
         fail("engine: model {} reports block_size {} and {} KV bytes per block", info.stem, info.block_size,
              info.kv_bytes_per_block);
     // The compiled scratch bounds one forward: tokens and logit rows (one per sequence).
+    // The step budget defaults to the compiled step size (512 tokens on the CPU, 2,048 on CUDA:
+    // CMakeLists.txt), as vLLM picks its default max_num_batched_tokens per device (8,192 for its API
+    // server on GPUs of 70+ GB; vLLM: vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults).
+    if (config.max_num_batched_tokens == 0) config.max_num_batched_tokens = info.max_batch_tokens;
     config.max_num_batched_tokens = std::min(config.max_num_batched_tokens, info.max_batch_tokens);
     config.max_num_seqs = std::min(config.max_num_seqs, info.max_logit_rows);
     context_len = info.max_position_embeddings;

@@ -45,7 +45,7 @@ struct SamplingParams {
 
 struct EngineConfig {
     int max_num_seqs = 64;
-    int max_num_batched_tokens = 512;   // clamped to the model's compiled max_batch_tokens
+    int max_num_batched_tokens = 0;     // 0: the model's compiled max_batch_tokens (its step size); clamped to it
     int max_model_len = 0;              // 0: the model's context
     int64_t kv_cache_bytes = 0;         // 0: sized from kv_cache_fraction of free RAM (CPU)
     bool enable_prefix_caching = true;
