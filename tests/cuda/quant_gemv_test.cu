@@ -219,19 +219,32 @@ std::string split_of(QuantGemvPath path, int rows = 1) {
     return text(" %dx%d", s.warps, s.blocks);
 }
 
+// Calls fn.template operator()<F>() with the format type of f (the one place a runtime Fmt becomes
+// its compile-time format); `who` names the caller in the error for a format it has no type for.
+// The fp8 conversion variant (fp8_cvt) only where kCvt asks for it (the unfused launches' A/B).
+template <bool kCvt = false, class Fn>
+void with_format(Fmt f, const char* who, Fn&& fn) {
+    switch (f) {
+        case Fmt::int4_g32: fn.template operator()<qdetail::MlxInt4<32, bf16_t>>(); break;
+        case Fmt::int4_g64: fn.template operator()<qdetail::MlxInt4<64, bf16_t>>(); break;
+        case Fmt::int4_g128: fn.template operator()<qdetail::MlxInt4<128, bf16_t>>(); break;
+        case Fmt::int8: fn.template operator()<qdetail::Int8Channel<bf16_t>>(); break;
+        case Fmt::fp8: fn.template operator()<qdetail::Fp8E4M3<bf16_t, false>>(); break;
+        case Fmt::fp8_tensor: fn.template operator()<qdetail::Fp8E4M3<bf16_t, true>>(); break;
+        case Fmt::fp8_cvt:
+            if constexpr (kCvt) {
+                fn.template operator()<qdetail::Fp8E4M3<bf16_t, false, true>>();
+                break;
+            }
+            [[fallthrough]];
+        default: die(text("%s: no case for format %s", who, name_of(f)));
+    }
+}
+
 void launch(Fmt f, QuantGemvPath path, cudaStream_t st, const QuantLinearArgs& a) {
     Ctx c;
     c.stream = st;
-    switch (f) {
-        case Fmt::int4_g32: launch_as<qdetail::MlxInt4<32, bf16_t>>(c, a, path); break;
-        case Fmt::int4_g64: launch_as<qdetail::MlxInt4<64, bf16_t>>(c, a, path); break;
-        case Fmt::int4_g128: launch_as<qdetail::MlxInt4<128, bf16_t>>(c, a, path); break;
-        case Fmt::int8: launch_as<qdetail::Int8Channel<bf16_t>>(c, a, path); break;
-        case Fmt::fp8: launch_as<qdetail::Fp8E4M3<bf16_t, false>>(c, a, path); break;
-        case Fmt::fp8_tensor: launch_as<qdetail::Fp8E4M3<bf16_t, true>>(c, a, path); break;
-        case Fmt::fp8_cvt: launch_as<qdetail::Fp8E4M3<bf16_t, false, true>>(c, a, path); break;
-        default: die(text("launch: %s is not a quantized format", name_of(f)));
-    }
+    with_format<true>(f, "launch", [&]<class F>() { launch_as<F>(c, a, path); });
 }
 
 // The existing bf16 GEMV, for the shapes of this test (its N and K are template constants).
@@ -756,15 +769,7 @@ void launch_fused_as(const Ctx& c, const QuantFusedArgs& a, bool swiglu, QuantGe
 void launch_fused(Fmt f, cudaStream_t st, const QuantFusedArgs& a, bool swiglu, QuantGemvPath path) {
     Ctx c;
     c.stream = st;
-    switch (f) {
-        case Fmt::int4_g32: launch_fused_as<qdetail::MlxInt4<32, bf16_t>>(c, a, swiglu, path); break;
-        case Fmt::int4_g64: launch_fused_as<qdetail::MlxInt4<64, bf16_t>>(c, a, swiglu, path); break;
-        case Fmt::int4_g128: launch_fused_as<qdetail::MlxInt4<128, bf16_t>>(c, a, swiglu, path); break;
-        case Fmt::int8: launch_fused_as<qdetail::Int8Channel<bf16_t>>(c, a, swiglu, path); break;
-        case Fmt::fp8: launch_fused_as<qdetail::Fp8E4M3<bf16_t, false>>(c, a, swiglu, path); break;
-        case Fmt::fp8_tensor: launch_fused_as<qdetail::Fp8E4M3<bf16_t, true>>(c, a, swiglu, path); break;
-        default: die(text("launch_fused: %s has no case here", name_of(f)));
-    }
+    with_format(f, "launch_fused", [&]<class F>() { launch_fused_as<F>(c, a, swiglu, path); });
 }
 
 struct FusedCase {
@@ -1125,15 +1130,7 @@ void expand_both(cudaStream_t st, const QuantFusedArgs& a, void* w, void* aux) {
     qdetail::qexpand<F, true>(&a, 0, true, w, second, st);
 }
 void expand_both(Fmt f, cudaStream_t st, const QuantFusedArgs& a, void* w, void* aux) {
-    switch (f) {
-        case Fmt::int4_g32: expand_both<qdetail::MlxInt4<32, bf16_t>>(st, a, w, aux); break;
-        case Fmt::int4_g64: expand_both<qdetail::MlxInt4<64, bf16_t>>(st, a, w, aux); break;
-        case Fmt::int4_g128: expand_both<qdetail::MlxInt4<128, bf16_t>>(st, a, w, aux); break;
-        case Fmt::int8: expand_both<qdetail::Int8Channel<bf16_t>>(st, a, w, aux); break;
-        case Fmt::fp8: expand_both<qdetail::Fp8E4M3<bf16_t, false>>(st, a, w, aux); break;
-        case Fmt::fp8_tensor: expand_both<qdetail::Fp8E4M3<bf16_t, true>>(st, a, w, aux); break;
-        default: die(text("expand_both: %s has no case here", name_of(f)));
-    }
+    with_format(f, "expand_both", [&]<class F>() { expand_both<F>(st, a, w, aux); });
 }
 void prefill_bench(cudaStream_t st) {
     constexpr int kRows = 2048;
