@@ -5,10 +5,11 @@
 // int4 weight, ~40 % of the packed-byte floor), and quant_mma_kernel spends its instructions on x at
 // one row (every lane loads, splits and sums its token column, 7 of 8 columns empty) and on per-group
 // shuffles. Here (docs/CUDA.md, "Session 7: one token row on int8 tensor cores"):
-//  * weights as the A operand of mma.m16n8k32 u8 x s8 -> s32 (exact integer sums), loaded as
-//    quant_mma_kernel loads them (16-byte streaming loads, the same lane transpose, so word w of every
-//    lane lies in one group); a word's 8 nibbles are the two A registers w & 0x0f0f0f0f and
-//    (w >> 4) & 0x0f0f0f0f: 3 instructions;
+//  * weights as the A operand of mma.m16n8k32 u8 x s8 -> s32 (exact integer sums), 16-byte streaming
+//    loads, lane t of a row holding k = 32 t .. 32 t + 31 of each 128-k chunk as 4 words (word w: k =
+//    32 t + 8 w), so all of a lane's words lie in group t / (G / 32) of the chunk and no lane transpose
+//    is needed (each lane's B column is chosen by its own group); a word's 8 nibbles are the two A
+//    registers w & 0x0f0f0f0f and (w >> 4) & 0x0f0f0f0f: 3 instructions;
 //  * x as the three base-256 digits of one integer per value, on one power-of-two scale per group
 //    (QDigits: one rounding add per value, |residual| <= 2^-20 of the group's max |x|), staged once per
 //    block in shared memory as the B registers;
@@ -87,14 +88,17 @@ __device__ __forceinline__ QDigits qdigits4(float v0, float v1, float v2, float 
 
 // kparts = W: the warps of one row tile, each a contiguous 1/W of K, added in part order.
 // WIDE: a span's scales and biases as one 32-bit load per row and pair of groups (g32 / g64), not
-// two 16-bit ones.
-template <class F, bool SWIGLU, bool NORM, bool WIDE>
+// two 16-bit ones. XPOSE: the earlier layout (sessions 7-11), the chunk's words transposed across the
+// 4 lanes by shuffles (qchunk_words) so that word w of every lane lies in group w / (G / 32); the same
+// integer sums, so the same bits (SCR_CUDA_QUANT_TC1_VARIANT=xpose, for A/B runs).
+template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE>
 __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const __grid_constant__ QuantFusedArgs p, int kparts) {
     static_assert(F::kAffine, "the one-row tensor-core kernel is for the MLX int4 formats");
     using S = QMma1Shape<F>;
     using ST = typename F::Scale;
     constexpr int MT = SWIGLU ? 2 : 1;  // SwiGLU: tile 0 the gate's rows, tile 1 the up rows
-    constexpr int GPC = S::GPC, SPC = S::SPC, WPG = F::kWordsPerGroup, SWAP = F::kSwap, LPG = S::LPG;
+    constexpr int GPC = S::GPC, SPC = S::SPC, WPG = F::kWordsPerGroup, LPG = S::LPG;
+    constexpr int SWAP = XPOSE ? F::kSwap : 0;  // the lane transpose of the A words (none by default)
     constexpr int U = SWIGLU ? 1 : 2;  // chunks per load round, two rounds in flight
     extern __shared__ __align__(16) uint8_t qmma1_smem_raw[];
 
@@ -188,20 +192,25 @@ __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const
     }
     pdl_wait();  // weights and scales never depend on an earlier kernel; x does
 
-    // Stage x once per block: entry (chunk, word wd, lane t) holds the 8 k of that word after the
-    // transpose (qmma_word_k) as the B registers of one MMA per digit: bytes of k + 0, 2, 4, 6 (the low
-    // nibbles' k), then of k + 1, 3, 5, 7. A group's LPG entries sit in consecutive lanes.
+    // Stage x once per block: entry (chunk, word wd, lane t) holds the 8 k of lane t's word wd
+    // (qmma_word_k<SWAP>) as the B registers of one MMA per digit: bytes of k + 0, 2, 4, 6 (the low
+    // nibbles' k), then of k + 1, 3, 5, 7. Thread e of a chunk stages the 8 k at qmma_word_k<kSwap>
+    // (e % 4, e / 4) in either layout, so a group's LPG entries sit in consecutive lanes and its sums
+    // (x, x^2, max |x|) are taken in the same order: only where the entry is stored differs.
     if (threadIdx.x < 8) reinterpret_cast<float*>(qmma1_smem_raw)[threadIdx.x] = 0.0f;
     float ss = 0.0f;  // folded RMSNorm: this thread's sum of x^2
 #pragma unroll 4
     for (int ent = threadIdx.x; ent - int(threadIdx.x) < CHB * 16; ent += blockDim.x) {
         const int cl = ent / 16, e = ent % 16;
         const bool valid = cl < CHB;
+        const int kc = qmma_word_k<F::kSwap>(e % 4, e / 4);  // k within the chunk, a multiple of 8
+        // The entry that lane t' reads as its word wd' (k = 32 t' + 8 wd' without the transpose).
+        const int slot = XPOSE ? ent : cl * 16 + (kc / 8 % 4) * 4 + kc / 32;
         float xv[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) xv[i] = 0.0f;
         if (valid) {
-            const int k = cl * 128 + qmma_word_k<SWAP>(e % 4, e / 4);
+            const int k = cl * 128 + kc;
             const float4 x0 = __ldg(reinterpret_cast<const float4*>(p.x + k));
             const float4 x1 = __ldg(reinterpret_cast<const float4*>(p.x + k + 4));
             xv[0] = x0.x; xv[1] = x0.y; xv[2] = x0.z; xv[3] = x0.w;
@@ -236,8 +245,8 @@ __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const
         for (int i = 0; i < 8; ++i) v[i] = xv[i] * inv;  // exact: a power of two, |v| < 2^20
         const QDigits even = qdigits4(v[0], v[2], v[4], v[6]), odd = qdigits4(v[1], v[3], v[5], v[7]);
         if (valid) {
-            xs[size_t(ent) * 2] = make_uint4(even.d[0], odd.d[0], even.d[1], odd.d[1]);
-            xs[size_t(ent) * 2 + 1] = make_uint4(even.d[2], odd.d[2], 0u, 0u);
+            xs[size_t(slot) * 2] = make_uint4(even.d[0], odd.d[0], even.d[1], odd.d[1]);
+            xs[size_t(slot) * 2 + 1] = make_uint4(even.d[2], odd.d[2], 0u, 0u);
             // (sum of x, s 2^-14): the bias term's X_g and the digit sums' scale.
             if (e % LPG == 0) xg[cl * GPC + e / LPG] = make_float2(sum, __uint_as_float(uint32_t(127 + E - 6 - 14) << 23));
         }
@@ -299,7 +308,9 @@ __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const
             const int col0 = (c % SPC) * GPC;
 #pragma unroll
             for (int wd = 0; wd < 4; ++wd) {
-                const uint4* xp = g == col0 + wd / WPG ? xs + ((c_first + c) * 16 + wd * 4 + t) * 2 : zero;  // zero: 32 bytes
+                // This lane's B column is its word's group (transposed: word wd's; else lane t's).
+                const int col = col0 + (XPOSE ? wd : t) / WPG;
+                const uint4* xp = g == col ? xs + ((c_first + c) * 16 + wd * 4 + t) * 2 : zero;  // zero: 32 bytes
                 const uint4 b01 = xp[0];
                 const uint2 b2 = *reinterpret_cast<const uint2*>(xp + 1);
 #pragma unroll
@@ -401,13 +412,13 @@ bool quant_mma1_fits(const QuantFusedArgs& a) {
 
 // Warps of quant_mma1_kernel resident on the GPU in blocks of kMma1Warps (registers decide;
 // shared memory is checked per launch).
-template <class F, bool SWIGLU, bool NORM, bool WIDE>
+template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE>
 int qmma1_resident_warps() {
     static const int warps = [] {
         int dev = 0, sms = 0, blocks = 0;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_mma1_kernel<F, SWIGLU, NORM, WIDE>, kMma1Warps * kWarp, 0);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE>, kMma1Warps * kWarp, 0);
         return std::max(1, sms * blocks * kMma1Warps);
     }();
     return warps;
@@ -439,19 +450,23 @@ inline int qmma1_parts_override() {
     return v;
 }
 
-// SCR_CUDA_QUANT_TC1_VARIANT=narrow2 brings back the 16-bit scale loads for A/B runs (same bits);
-// the default, wide2, loads a span's scales and biases 32 bits at a time where the group size
-// allows (g32, g64). docs/CUDA.md "Session 10" has the measurements of both and of deeper rounds.
-inline bool qmma1_wide_scales() {
-    static const bool v = [] {
+// SCR_CUDA_QUANT_TC1_VARIANT selects an earlier form of the kernel for A/B runs, all with the same
+// bits: narrow2 the 16-bit scale loads (the default, wide2, loads a span's scales and biases 32 bits
+// at a time where the group size allows: g32, g64); xpose the lane transpose of the weight words
+// (sessions 7-11; 32-bit scale loads). docs/CUDA.md "Session 10" and "Session 12" have the measurements.
+enum class QMma1Variant { wide2, narrow2, xpose };
+inline QMma1Variant qmma1_variant() {
+    static const QMma1Variant v = [] {
         const char* e = std::getenv("SCR_CUDA_QUANT_TC1_VARIANT");
-        return !(e && std::strcmp(e, "narrow2") == 0);
+        if (e && std::strcmp(e, "narrow2") == 0) return QMma1Variant::narrow2;
+        if (e && std::strcmp(e, "xpose") == 0) return QMma1Variant::xpose;
+        return QMma1Variant::wide2;
     }();
     return v;
 }
 
 // Launches the one-row kernel; false (nothing launched) when its shared memory would not fit.
-template <class F, bool SWIGLU, bool NORM, bool WIDE>
+template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE>
 bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
     int n_total = a.mat[0].n;
     if (!SWIGLU)
@@ -460,19 +475,19 @@ bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
     const int chunks = a.k / 128;
     const int forced = qmma1_parts_override();
     const int parts =
-        forced > 0 && chunks % forced == 0 ? forced : qmma1_parts(row_tiles, chunks, qmma1_resident_warps<F, SWIGLU, NORM, WIDE>());
+        forced > 0 && chunks % forced == 0 ? forced : qmma1_parts(row_tiles, chunks, qmma1_resident_warps<F, SWIGLU, NORM, WIDE, XPOSE>());
     const int tiles_per_block = kMma1Warps / parts;
     const size_t smem = qmma1_smem<F, SWIGLU>(kMma1Warps, chunks);
     static const int smem_max = [] {
         int dev = 0, v = 0;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-        cudaFuncSetAttribute(quant_mma1_kernel<F, SWIGLU, NORM, WIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize, v);
+        cudaFuncSetAttribute(quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE>, cudaFuncAttributeMaxDynamicSharedMemorySize, v);
         return v;
     }();
     if (smem > size_t(smem_max)) return false;
     qmma1_last_split() = QMmaSplit{tiles_per_block, parts};
-    launch_smem(c, quant_mma1_kernel<F, SWIGLU, NORM, WIDE>, dim3(1, ceil_div(row_tiles, tiles_per_block)), dim3(kMma1Warps * kWarp),
+    launch_smem(c, quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE>, dim3(1, ceil_div(row_tiles, tiles_per_block)), dim3(kMma1Warps * kWarp),
                 smem, a, parts);
     return true;
 }
@@ -484,9 +499,10 @@ bool launch_quant_mma1(const Ctx& c, const QuantFusedArgs& a) {
         for (int m = 0; m < a.nmat; ++m)
             aligned4 = aligned4 && reinterpret_cast<uintptr_t>(a.mat[m].scales) % 4 == 0 &&
                        reinterpret_cast<uintptr_t>(a.mat[m].biases) % 4 == 0;
-        if (aligned4 && qmma1_wide_scales()) return launch_quant_mma1_v<F, SWIGLU, NORM, true>(c, a);
+        if (aligned4 && qmma1_variant() == QMma1Variant::wide2) return launch_quant_mma1_v<F, SWIGLU, NORM, true, false>(c, a);
+        if (aligned4 && qmma1_variant() == QMma1Variant::xpose) return launch_quant_mma1_v<F, SWIGLU, NORM, true, true>(c, a);
     }
-    return launch_quant_mma1_v<F, SWIGLU, NORM, false>(c, a);
+    return launch_quant_mma1_v<F, SWIGLU, NORM, false, false>(c, a);
 }
 
 }  // namespace scr::kernels::cuda::qdetail

@@ -125,6 +125,18 @@ __global__ void sum_outputs_kernel(const __grid_constant__ HalvesArgs a) {
 // ..., columns 4 (blockIdx.x * blockDim.x + threadIdx.x). Every n % 4 == 0 and every pointer 16-byte
 // aligned (vec4_outputs_ok). The arithmetic, element by element, is sum_outputs_kernel's: same bits.
 __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+// Four columns of one GEMM output at element i: the x halves' products added (t, then t + total),
+// then the columns' scale when there is one.
+__device__ __forceinline__ void half_sums4(const float* t, int64_t i, int64_t total, int xparts, const float* scale,
+                                           const float4& s4, float (&v)[4]) {
+    const float4 t0 = ld4(t + i), t1 = xparts == 2 ? ld4(t + i + total) : make_float4(0, 0, 0, 0);
+    const float a[4] = {t0.x, t0.y, t0.z, t0.w}, b[4] = {t1.x, t1.y, t1.z, t1.w}, sc[4] = {s4.x, s4.y, s4.z, s4.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        v[j] = xparts == 2 ? a[j] + b[j] : a[j];
+        if (scale) v[j] *= sc[j];
+    }
+}
 __global__ void sum_outputs_vec4_kernel(const __grid_constant__ HalvesArgs a) {
     const HalvesOut& o = a.out[blockIdx.z];
     const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
@@ -133,31 +145,18 @@ __global__ void sum_outputs_vec4_kernel(const __grid_constant__ HalvesArgs a) {
     const float4 scale = o.scale ? ld4(o.scale + c) : make_float4(1, 1, 1, 1);
     const float4 scale_u = o.scale_u ? ld4(o.scale_u + c) : make_float4(1, 1, 1, 1);
     const float4 bias = o.bias ? ld4(o.bias + c) : make_float4(0, 0, 0, 0);
+    const float bv[4] = {bias.x, bias.y, bias.z, bias.w};
     for (int r = blockIdx.y; r < a.rows; r += gridDim.y) {
         const int64_t i = int64_t(r) * o.n + c;
-        float v[4], u[4];
-        const float4 t0 = ld4(o.t + i), t1 = a.xparts == 2 ? ld4(o.t + i + total) : make_float4(0, 0, 0, 0);
-        const float tv0[4] = {t0.x, t0.y, t0.z, t0.w}, tv1[4] = {t1.x, t1.y, t1.z, t1.w};
-        const float sc[4] = {scale.x, scale.y, scale.z, scale.w};
+        float v[4];
+        half_sums4(o.t, i, total, a.xparts, o.scale, scale, v);
+        if (o.u) {  // SwiGLU: t the gate's products, u the up's
+            float u[4];
+            half_sums4(o.u, i, total, a.xparts, o.scale_u, scale_u, u);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            v[j] = a.xparts == 2 ? tv0[j] + tv1[j] : tv0[j];
-            if (o.scale) v[j] *= sc[j];
-        }
-        float4 out;
-        if (o.u) {
-            const float4 u0 = ld4(o.u + i), u1 = a.xparts == 2 ? ld4(o.u + i + total) : make_float4(0, 0, 0, 0);
-            const float uv0[4] = {u0.x, u0.y, u0.z, u0.w}, uv1[4] = {u1.x, u1.y, u1.z, u1.w};
-            const float su[4] = {scale_u.x, scale_u.y, scale_u.z, scale_u.w};
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                u[j] = a.xparts == 2 ? uv0[j] + uv1[j] : uv0[j];
-                if (o.scale_u) u[j] *= su[j];
-                v[j] = v[j] * (1.0f / (1.0f + expf(-v[j]))) * u[j];
-            }
+            for (int j = 0; j < 4; ++j) v[j] = v[j] * (1.0f / (1.0f + expf(-v[j]))) * u[j];
         } else {
-            const float bv[4] = {bias.x, bias.y, bias.z, bias.w};
-            float4 res = o.residual ? ld4(o.residual + i) : make_float4(0, 0, 0, 0);
+            const float4 res = o.residual ? ld4(o.residual + i) : make_float4(0, 0, 0, 0);
             const float rv[4] = {res.x, res.y, res.z, res.w};
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
@@ -165,8 +164,7 @@ __global__ void sum_outputs_vec4_kernel(const __grid_constant__ HalvesArgs a) {
                 if (o.residual) v[j] = rv[j] + v[j];
             }
         }
-        out = make_float4(v[0], v[1], v[2], v[3]);
-        *reinterpret_cast<float4*>(o.y + i) = out;
+        *reinterpret_cast<float4*>(o.y + i) = make_float4(v[0], v[1], v[2], v[3]);
     }
 }
 

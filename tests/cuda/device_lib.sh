@@ -7,7 +7,10 @@
 #                                     "NAME: rc=... (... s)" to the summary array;
 #   make_model KEY                    a random bf16 checkpoint of model KEY (1b = Llama-3.2-1B, 8b =
 #                                     Llama-3.1-8B, 30b = Qwen3-30B-A3B) in /dev/shm/mKEY (sets M),
-#                                     made by $C/scr as step make_random_KEY.
+#                                     made by $C/scr as step make_random_KEY;
+#   make_model_any KEY                make_model, or (a quantized-only scr cannot make a bf16
+#                                     checkpoint) the same random bf16 checkpoint made by transformers
+#                                     with our config.json, as step make_py_KEY (1b / 8b only).
 summary=()
 device_unpack() {
     C=$2
@@ -28,4 +31,19 @@ make_model() {
     case $1 in 8b) cfg=llama/llama-3.1-8b ;; 30b) cfg=qwen3_moe/qwen3-30b-a3b ;; *) cfg=llama/llama-3.2-1b ;; esac
     M=/dev/shm/m$1
     step "make_random_$1" 120 $C/scr make-random models/configs/$cfg.json $M --dtype bf16
+}
+make_model_any() {
+    make_model $1
+    [ -f $M/config.json ] && return
+    local cfg=models/configs/llama/llama-3.2-1b.json
+    [ $1 = 8b ] && cfg=models/configs/llama/llama-3.1-8b.json
+    step make_py_$1 300 python3 -c "
+import sys, torch, transformers
+c = transformers.LlamaConfig.from_json_file('$cfg')
+torch.manual_seed(1)
+with torch.device('cuda'):
+    m = transformers.LlamaForCausalLM(c).to(torch.bfloat16)
+m.save_pretrained('$M', safe_serialization=True)
+"
+    cp $cfg $M/config.json  # transformers 5 rewrites rope_scaling as rope_parameters; the tensors are the same
 }

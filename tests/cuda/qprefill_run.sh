@@ -25,23 +25,6 @@ device_unpack "$1" /tmp/scr-qprefill-bin
 S=$C/scr
 CB="--prompt 128 --decode 128 --prefill 2048 --batches 1"
 OLD="SCR_CUDA_QUANT_PREFILL_MIN_ROWS=0 SCR_CUDA_QUANT_TC1_VARIANT=narrow2"
-# A random bf16 checkpoint through transformers when this scr has no bf16 specialization to make
-# one with (the carry fits only one preset beside the 1B or the 8B).
-make_model_any() {
-    make_model $1
-    [ -f $M/config.json ] && return
-    local cfg=models/configs/llama/llama-3.2-1b.json
-    [ $1 = 8b ] && cfg=models/configs/llama/llama-3.1-8b.json
-    step make_py_$1 300 python3 -c "
-import sys, torch, transformers
-c = transformers.LlamaConfig.from_json_file('$cfg')
-torch.manual_seed(1)
-with torch.device('cuda'):
-    m = transformers.LlamaForCausalLM(c).to(torch.bfloat16)
-m.save_pretrained('$M', safe_serialization=True)
-"
-    cp $cfg $M/config.json  # transformers 5 rewrites rope_scaling as rope_parameters; the tensors are the same
-}
 for m in ${MODELS:-1b 8b}; do
     make_model_any $m
     step bf16_$m 120 $S cuda-bench $M $CB
