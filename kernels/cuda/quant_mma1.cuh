@@ -431,19 +431,29 @@ inline QMmaSplit& qmma1_last_split() {
     return s;
 }
 
-// Parts of K per row tile (W; the block holds 8 / W tiles): the fewest, so that x staged once per
-// block serves the most tiles, with which the launch still has ~4/5 of the GPU's resident warps
-// (or W = 8); whole chunks per part. Depends on the shape only.
+// Parts of K per row tile (W; the block holds 8 / W tiles): the most parts (whole chunks each) with
+// which the launch's warps still fit in one wave of the GPU's resident warps, or W = 1. Sessions
+// 7-11 took the fewest parts that gave ~4/5 of the resident warps; where that overshot one wave
+// (the 8B's grouped QKV, 6144 x 4096: W = 8, 1.45 waves) W / 2 is faster (11.7 -> 9.6 us); at every
+// other Llama shape the two rules agree (docs/CUDA.md "Session 12"). Depends on the shape only.
 inline int qmma1_parts(int row_tiles, int chunks, int resident_warps) {
+    for (int w = kMma1Warps; w > 1; w /= 2)
+        if (chunks % w == 0 && int64_t(row_tiles) * w <= resident_warps) return w;
+    return 1;
+}
+// The sessions 7-11 rule, for A/B runs (SCR_CUDA_QUANT_TC1_PARTS=fifths).
+inline int qmma1_parts_fifths(int row_tiles, int chunks, int resident_warps) {
     int w = 1;
     while (w < kMma1Warps && int64_t(row_tiles) * w * 5 < int64_t(resident_warps) * 4 && chunks % (2 * w) == 0) w *= 2;
     return w;
 }
 
-// SCR_CUDA_QUANT_TC1_PARTS=W (1, 2, 4, 8) replaces the rule above, for A/B runs (a row's bits depend on W).
+// SCR_CUDA_QUANT_TC1_PARTS=W (1, 2, 4, 8) replaces the rule above, for A/B runs (a row's bits depend
+// on W); =fifths (returned as -1) selects the earlier rule.
 inline int qmma1_parts_override() {
     static const int v = [] {
         const char* e = std::getenv("SCR_CUDA_QUANT_TC1_PARTS");
+        if (e && std::strcmp(e, "fifths") == 0) return -1;
         const int w = e && *e ? std::atoi(e) : 0;
         return w == 1 || w == 2 || w == 4 || w == 8 ? w : 0;
     }();
@@ -474,8 +484,10 @@ bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
     const int row_tiles = ceil_div(n_total, 16);
     const int chunks = a.k / 128;
     const int forced = qmma1_parts_override();
-    const int parts =
-        forced > 0 && chunks % forced == 0 ? forced : qmma1_parts(row_tiles, chunks, qmma1_resident_warps<F, SWIGLU, NORM, WIDE, XPOSE>());
+    const int resident = qmma1_resident_warps<F, SWIGLU, NORM, WIDE, XPOSE>();
+    const int parts = forced > 0 && chunks % forced == 0 ? forced
+                      : forced < 0                       ? qmma1_parts_fifths(row_tiles, chunks, resident)
+                                                         : qmma1_parts(row_tiles, chunks, resident);
     const int tiles_per_block = kMma1Warps / parts;
     const size_t smem = qmma1_smem<F, SWIGLU>(kMma1Warps, chunks);
     static const int smem_max = [] {
