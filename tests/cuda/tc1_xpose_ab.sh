@@ -1,7 +1,8 @@
 #!/bin/bash
 # The one-row int4 tensor-core GEMV (quant_mma1_kernel, issue #9) by default against AB_ENV, on the
-# GPU machine, in one call (session 12: AB_ENV=SCR_CUDA_QUANT_TC1_VARIANT=xpose, the lane transpose
-# of sessions 7-11, the default here; AB_ENV=SCR_CUDA_QUANT_TC1_PARTS=fifths, the earlier parts rule):
+# GPU machine, in one call. Session 12 ran it with AB_ENV=SCR_CUDA_QUANT_TC1_VARIANT=xpose (the lane
+# transpose of sessions 7-11; AB_ENV's default) and AB_ENV=SCR_CUDA_QUANT_TC1_PARTS=fifths (the
+# earlier parts rule):
 #   OUT=$OUT [AB_ENV=...] [MODELS=1b] [ROUNDS=2] [SHAPES=NxK,...] bash tests/cuda/tc1_xpose_ab.sh [CARRY_DIR] [GEMV_CARRY_DIR]
 # GEMV_CARRY_DIR/bin.tar.xz (optional): scr_cuda_quant_gemv. Its checks (all of them with the
 #   default; the int4 formats with AB_ENV and with SCR_CUDA_QUANT_TC1_VARIANT=narrow2), then the
@@ -21,7 +22,7 @@ exec > >(tee -a "$OUT/summary.txt") 2>&1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 AB_ENV=${AB_ENV:-SCR_CUDA_QUANT_TC1_VARIANT=xpose}
 echo "AB_ENV: $AB_ENV"
-declare -A envs=([default]="SCR_CUDA_DEFAULTS=1" [ab]="$AB_ENV" [narrow2]="SCR_CUDA_QUANT_TC1_VARIANT=narrow2")  # the first: a no-op
+declare -A envs=([default]="" [ab]="$AB_ENV" [narrow2]="SCR_CUDA_QUANT_TC1_VARIANT=narrow2")  # expanded unquoted: "" adds nothing
 ROUNDS=${ROUNDS:-2}
 if [ -n "${2:-}" ]; then
     device_unpack "$2" /tmp/scr-xpose-gemv
