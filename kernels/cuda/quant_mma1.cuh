@@ -86,12 +86,21 @@ __device__ __forceinline__ QDigits qdigits4(float v0, float v1, float v2, float 
     return r;
 }
 
+// Whether the x staging issues each thread's loads of up to 4 entries together (XBATCH) rather than
+// one entry at a time. Same bits either way. H200, session 13 (docs/CUDA.md "Session 13"): batched
+// loads speed up the one-row GEMVs (4096x4096 7.33 -> 7.13 us, 2048x8192 8.63 -> 8.23, 8B gate/up +
+// SwiGLU + norm 27.0 -> 26.2) but slow the grouped QKV with the folded norm (8B 10.8 -> 11.4); end
+// to end this rule beats both "always" and "never" (MLX int4 g64, device ms per token, one call:
+// 8B 2.190-2.195 vs 2.219-2.220 vs 2.238-2.246; 1B 0.579-0.580 vs 0.588 vs 0.584-0.589).
+template <bool SWIGLU, bool NORM>
+inline constexpr bool kQmma1XBatch = SWIGLU || !NORM;
+
 // kparts = W: the warps of one row tile, each a contiguous 1/W of K, added in part order.
 // WIDE: a span's scales and biases as one 32-bit load per row and pair of groups (g32 / g64), not
 // two 16-bit ones. XPOSE: the earlier layout (sessions 7-11), the chunk's words transposed across the
 // 4 lanes by shuffles (qchunk_words) so that word w of every lane lies in group w / (G / 32); the same
 // integer sums, so the same bits (SCR_CUDA_QUANT_TC1_VARIANT=xpose, for A/B runs).
-template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE>
+template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH = false>
 __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const __grid_constant__ QuantFusedArgs p, int kparts) {
     static_assert(F::kAffine, "the one-row tensor-core kernel is for the MLX int4 formats");
     static_assert(F::kGroup <= 128, "the digit sums are combined in int32, which holds groups of up to 128");
@@ -200,31 +209,32 @@ __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const
     // (x, x^2, max |x|) are taken in the same order: only where the entry is stored differs.
     if (threadIdx.x < 8) reinterpret_cast<float*>(qmma1_smem_raw)[threadIdx.x] = 0.0f;
     float ss = 0.0f;  // folded RMSNorm: this thread's sum of x^2
-#pragma unroll 4
-    for (int ent = threadIdx.x; ent - int(threadIdx.x) < CHB * 16; ent += blockDim.x) {
+    // Entry ent's 8 values of x (and of the norm weight), zero past the last chunk.
+    auto load_entry = [&](int ent, float4 (&xr)[2], float4 (&nr)[2]) {
+        const int cl = ent / 16, e = ent % 16;
+        xr[0] = xr[1] = nr[0] = nr[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (cl >= CHB) return;
+        const int k = cl * 128 + qmma_word_k<F::kSwap>(e % 4, e / 4);
+        xr[0] = __ldg(reinterpret_cast<const float4*>(p.x + k));
+        xr[1] = __ldg(reinterpret_cast<const float4*>(p.x + k + 4));
+        if constexpr (NORM) {
+            nr[0] = __ldg(reinterpret_cast<const float4*>(p.norm_w + k));
+            nr[1] = __ldg(reinterpret_cast<const float4*>(p.norm_w + k + 4));
+        }
+    };
+    auto stage_entry = [&](int ent, const float4 (&xr)[2], const float4 (&nr)[2]) {
         const int cl = ent / 16, e = ent % 16;
         const bool valid = cl < CHB;
         const int kc = qmma_word_k<F::kSwap>(e % 4, e / 4);  // k within the chunk, a multiple of 8
         // The entry that lane t' reads as its word wd' (k = 32 t' + 8 wd' without the transpose).
         const int slot = XPOSE ? ent : cl * 16 + (kc / 8 % 4) * 4 + kc / 32;
-        float xv[8];
+        float xv[8] = {xr[0].x, xr[0].y, xr[0].z, xr[0].w, xr[1].x, xr[1].y, xr[1].z, xr[1].w};
+        if constexpr (NORM) {
+            const float nv[8] = {nr[0].x, nr[0].y, nr[0].z, nr[0].w, nr[1].x, nr[1].y, nr[1].z, nr[1].w};
 #pragma unroll
-        for (int i = 0; i < 8; ++i) xv[i] = 0.0f;
-        if (valid) {
-            const int k = cl * 128 + kc;
-            const float4 x0 = __ldg(reinterpret_cast<const float4*>(p.x + k));
-            const float4 x1 = __ldg(reinterpret_cast<const float4*>(p.x + k + 4));
-            xv[0] = x0.x; xv[1] = x0.y; xv[2] = x0.z; xv[3] = x0.w;
-            xv[4] = x1.x; xv[5] = x1.y; xv[6] = x1.z; xv[7] = x1.w;
-            if constexpr (NORM) {
-                const float4 n0 = __ldg(reinterpret_cast<const float4*>(p.norm_w + k));
-                const float4 n1 = __ldg(reinterpret_cast<const float4*>(p.norm_w + k + 4));
-                const float nv[8] = {n0.x, n0.y, n0.z, n0.w, n1.x, n1.y, n1.z, n1.w};
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    ss = fmaf(xv[i], xv[i], ss);
-                    xv[i] *= nv[i];
-                }
+            for (int i = 0; i < 8; ++i) {
+                ss = fmaf(xv[i], xv[i], ss);
+                xv[i] *= nv[i];
             }
         }
         float sum = 0.0f, mx = 0.0f;
@@ -250,6 +260,31 @@ __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const
             xs[size_t(slot) * 2 + 1] = make_uint4(even.d[2], odd.d[2], 0u, 0u);
             // (sum of x, s 2^-14): the bias term's X_g and the digit sums' scale.
             if (e % LPG == 0) xg[cl * GPC + e / LPG] = make_float2(sum, __uint_as_float(uint32_t(127 + E - 6 - 14) << 23));
+        }
+    };
+    // The loop's bound is the same for every thread (ent - threadIdx.x), so the group shuffles see
+    // whole warps; threads past the last chunk stage zeros and store nothing.
+    if constexpr (XBATCH) {
+        // Each thread's loads of XB entries issued together, then staged in order (the same sums in
+        // the same order as one at a time): one wait on x per XB entries instead of one per entry
+        // (XB = 4: more spills at 128 registers).
+        constexpr int XB = 4;
+        for (int base = 0; base < CHB * 16; base += XB * int(blockDim.x)) {
+            float4 xr[XB][2], nr[XB][2];
+#pragma unroll
+            for (int j = 0; j < XB; ++j)
+                if (base + j * int(blockDim.x) < CHB * 16) load_entry(base + j * blockDim.x + threadIdx.x, xr[j], nr[j]);
+#pragma unroll
+            for (int j = 0; j < XB; ++j)
+                if (base + j * int(blockDim.x) < CHB * 16) stage_entry(base + j * blockDim.x + threadIdx.x, xr[j], nr[j]);
+        }
+    } else {
+        // One entry at a time (sessions 7-12; SCR_CUDA_QUANT_TC1_VARIANT=xone for A/B runs).
+#pragma unroll 4
+        for (int ent = threadIdx.x; ent - int(threadIdx.x) < CHB * 16; ent += blockDim.x) {
+            float4 xr[2], nr[2];
+            load_entry(ent, xr, nr);
+            stage_entry(ent, xr, nr);
         }
     }
     if constexpr (NORM) {
@@ -415,13 +450,13 @@ bool quant_mma1_fits(const QuantFusedArgs& a) {
 
 // Warps of quant_mma1_kernel resident on the GPU in blocks of kMma1Warps (registers decide;
 // shared memory is checked per launch).
-template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE>
+template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH>
 int qmma1_resident_warps() {
     static const int warps = [] {
         int dev = 0, sms = 0, blocks = 0;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE>, kMma1Warps * kWarp, 0);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH>, kMma1Warps * kWarp, 0);
         return std::max(1, sms * blocks * kMma1Warps);
     }();
     return warps;
@@ -466,20 +501,22 @@ inline int qmma1_parts_override() {
 // SCR_CUDA_QUANT_TC1_VARIANT selects an earlier form of the kernel for A/B runs, all with the same
 // bits: narrow2 the 16-bit scale loads (the default, wide2, loads a span's scales and biases 32 bits
 // at a time where the group size allows: g32, g64); xpose the lane transpose of the weight words
-// (sessions 7-11; 32-bit scale loads). docs/CUDA.md "Session 10" and "Session 12" have the measurements.
-enum class QMma1Variant { wide2, narrow2, xpose };
+// (sessions 7-11; 32-bit scale loads); xone the x staging one entry at a time everywhere (sessions
+// 7-12). docs/CUDA.md "Session 10", "Session 12" and "Session 13" have the measurements.
+enum class QMma1Variant { wide2, narrow2, xpose, xone };
 inline QMma1Variant qmma1_variant() {
     static const QMma1Variant v = [] {
         const char* e = std::getenv("SCR_CUDA_QUANT_TC1_VARIANT");
         if (e && std::strcmp(e, "narrow2") == 0) return QMma1Variant::narrow2;
         if (e && std::strcmp(e, "xpose") == 0) return QMma1Variant::xpose;
+        if (e && std::strcmp(e, "xone") == 0) return QMma1Variant::xone;
         return QMma1Variant::wide2;
     }();
     return v;
 }
 
 // Launches the one-row kernel; false (nothing launched) when its shared memory would not fit.
-template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE>
+template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH = kQmma1XBatch<SWIGLU, NORM>>
 bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
     int n_total = a.mat[0].n;
     if (!SWIGLU)
@@ -487,7 +524,7 @@ bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
     const int row_tiles = ceil_div(n_total, 16);
     const int chunks = a.k / 128;
     const int forced = qmma1_parts_override();
-    const int resident = qmma1_resident_warps<F, SWIGLU, NORM, WIDE, XPOSE>();
+    const int resident = qmma1_resident_warps<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH>();
     const int parts = forced > 0 && chunks % forced == 0 ? forced
                       : forced < 0                       ? qmma1_parts_fifths(row_tiles, chunks, resident)
                                                          : qmma1_parts(row_tiles, chunks, resident);
@@ -497,12 +534,12 @@ bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
         int dev = 0, v = 0;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-        cudaFuncSetAttribute(quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE>, cudaFuncAttributeMaxDynamicSharedMemorySize, v);
+        cudaFuncSetAttribute(quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH>, cudaFuncAttributeMaxDynamicSharedMemorySize, v);
         return v;
     }();
     if (smem > size_t(smem_max)) return false;
     qmma1_last_split() = QMmaSplit{tiles_per_block, parts};
-    launch_smem(c, quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE>, dim3(1, ceil_div(row_tiles, tiles_per_block)), dim3(kMma1Warps * kWarp),
+    launch_smem(c, quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH>, dim3(1, ceil_div(row_tiles, tiles_per_block)), dim3(kMma1Warps * kWarp),
                 smem, a, parts);
     return true;
 }
@@ -516,6 +553,7 @@ bool launch_quant_mma1(const Ctx& c, const QuantFusedArgs& a) {
                        reinterpret_cast<uintptr_t>(a.mat[m].biases) % 4 == 0;
         if (aligned4 && qmma1_variant() == QMma1Variant::wide2) return launch_quant_mma1_v<F, SWIGLU, NORM, true, false>(c, a);
         if (aligned4 && qmma1_variant() == QMma1Variant::xpose) return launch_quant_mma1_v<F, SWIGLU, NORM, true, true>(c, a);
+        if (aligned4 && qmma1_variant() == QMma1Variant::xone) return launch_quant_mma1_v<F, SWIGLU, NORM, true, false, false>(c, a);
     }
     return launch_quant_mma1_v<F, SWIGLU, NORM, false, false>(c, a);
 }

@@ -35,6 +35,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -1118,6 +1119,58 @@ int prefill_checks(cudaStream_t st) {
     return failures;
 }
 
+// One token row of the fused launches a Llama layer makes, as the model calls them (bench runs only):
+// grouped QKV and gate/up + SwiGLU, each with the folded RMSNorm, at the 1B and 8B shapes, through the
+// automatic path. Weights cold: copies past 4x the L2, cycled. GB/s counts the packed weights, scales
+// and biases of every matrix of the launch; % of the device copy bandwidth.
+void fused_bench(cudaStream_t st, size_t l2_bytes, double copy) {
+    const FusedCase cases[] = {
+        {"1B qkv grouped + norm", 2048, {2048, 512, 512}, false, true, false},
+        {"1B gate/up swiglu + norm", 2048, {8192, 8192, 0}, true, true, false},
+        {"8B qkv grouped + norm", 4096, {4096, 1024, 1024}, false, true, false},
+        {"8B gate/up swiglu + norm", 4096, {14336, 14336, 0}, true, true, false},
+    };
+    const float eps = 1e-5f;
+    std::printf("\none token row, fused launches (automatic path, weights cold):\n");
+    for (const FusedCase& fc : cases) {
+        const int k = fc.k, nmat = fused_nmat(fc);
+        FusedInput in = make_fused_input(fc, 1, 515 + k, eps);
+        for (Fmt f : g_formats) {
+            if (is_int4(f) && k % group_of(f) != 0) continue;
+            size_t bytes = 0;
+            for (int m = 0; m < nmat; ++m) bytes += sizes_of(f, fc.n[m], k).total();
+            const int copies = int(std::clamp<size_t>((4 * l2_bytes + bytes - 1) / bytes, 2, 64));
+            std::vector<std::array<DevWeights, 3>> ws(copies);
+            for (int c = 0; c < copies; ++c)
+                for (int m = 0; m < nmat; ++m) ws[c][m] = make_weights(f, fc.n[m], k, 300 + 17 * c + m);
+            float* y[3] = {};
+            for (int m = 0; m < nmat; ++m) CK(cudaMalloc(&y[m], sizeof(float) * fc.n[m]));
+            const double us = time_us(st, std::max(2 * copies, 24), [&](int i) {
+                QuantFusedArgs a;
+                for (int m = 0; m < nmat; ++m) {
+                    const DevWeights& w = ws[i % copies][m];
+                    a.mat[m] = QuantMat{w.q, w.scales, w.biases, nullptr, y[m], fc.n[m]};
+                }
+                if (fc.swiglu) a.mat[1].y = a.mat[0].y;
+                a.nmat = nmat;
+                a.x = in.x;
+                a.norm_w = fc.norm ? in.nw : nullptr;
+                a.eps = eps;
+                a.k = k;
+                a.rows = 1;
+                launch_fused(f, st, a, fc.swiglu, QuantGemvPath::automatic);
+            });
+            const double gbs = double(bytes) / (us * 1e-6) / 1e9;
+            std::printf("bench fused %-26s k %5d %-13s rows 1: %8.2f us %7.0f GB/s %5.1f%% copy\n", fc.what, k, name_of(f), us,
+                        gbs, 100.0 * gbs / copy);
+            for (auto& c : ws)
+                for (int m = 0; m < nmat; ++m) free_weights(c[m]);
+            for (int m = 0; m < nmat; ++m) cudaFree(y[m]);
+        }
+        free_fused_input(in);
+    }
+}
+
 // Where a quantized prefill call's time goes (bench runs only; docs/CUDA.md "Session 11"): a SwiGLU +
 // norm call of 2,048 token rows through the automatic path (both matrices expanded, then cuBLASLt)
 // against the two expansions alone (qexpand, into a buffer of our own), per format, on the 1B and 8B
@@ -1474,6 +1527,7 @@ int main(int argc, char** argv) try {
     }
     failures += fused_checks(st);
     failures += prefill_checks(st);
+    if (bench) fused_bench(st, size_t(prop.l2CacheSize), copy);
     if (bench) prefill_bench(st);
     CK(cudaDeviceSynchronize());
     if (bench) {

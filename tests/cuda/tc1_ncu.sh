@@ -1,0 +1,24 @@
+#!/bin/bash
+# Nsight Compute's full set for the one-row int4 tensor-core GEMV (quant_mma1_kernel, issue #9) at
+# given shapes, on the GPU machine:
+#   OUT=$OUT [FORMAT=mlx-int4-g64] [KERNEL=regex:...] bash tests/cuda/tc1_ncu.sh CARRY_DIR [SHAPES]
+# CARRY_DIR/bin.tar.xz holds scr_cuda_quant_gemv (tests/cuda/pack_carry.sh). The first one-row
+# launch at each shape (its 1-row check, weights cold: ncu flushes the caches) is profiled with
+# --set full; the text report (with the source counters' hottest SASS lines) goes to
+# $OUT/ncu_SHAPE.txt and a digest of the headline metrics to stdout.
+set -u
+CARRY=${1:-.tc-carry}
+SHAPES=${2:-14336x4096 4096x14336}
+export OUT=${OUT:-/tmp/scr-tc1-ncu}
+mkdir -p "$OUT"
+LOGS=$OUT
+. tests/cuda/device_lib.sh
+device_unpack "$CARRY" /tmp/scr-tc1-ncu-bin
+export SCR_REQUIRE_GPU=1
+for s in $SHAPES; do
+    timeout 200 ncu --kernel-name "${KERNEL:-regex:quant_mma1_kernel}" --launch-count 1 --clock-control none \
+        --set full --import-source no --print-details all \
+        $C/scr_cuda_quant_gemv --no-bench --formats "${FORMAT:-mlx-int4-g64}" --shapes "$s" > "$OUT/ncu_$s.txt" 2>&1
+    echo "==== $s rc=$?"
+    grep -E "Duration|DRAM Throughput|Memory Throughput|L2 Hit|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Issued Warp Per|No Eligible|Active Warps Per|Eligible Warps|Executed Ipc A|Grid Size|Stall [A-Z]|Mem Busy|Max Bandwidth|Executed Instructions  " "$OUT/ncu_$s.txt" | head -60
+done

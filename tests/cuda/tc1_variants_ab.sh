@@ -1,0 +1,72 @@
+#!/bin/bash
+# Variants of the one-row int4 tensor-core GEMV (quant_mma1_kernel, issue #9) side by side, on the
+# GPU machine, in one call. A variant is a value of SCR_CUDA_QUANT_TC1_VARIANT ("default": unset):
+#   OUT=$OUT [VARIANTS="default xone"] [MODELS=8b] [ROUNDS=2] [NOBENCH=1] [SHAPES=NxK,...] [FORMATS=...]
+#       bash tests/cuda/tc1_variants_ab.sh [CARRY_DIR|-] [GEMV_CARRY_DIR]
+# GEMV_CARRY_DIR/bin.tar.xz (optional): scr_cuda_quant_gemv. Its checks of the MLX int4 formats
+#   under every variant, then (unless NOBENCH=1) its bench (one-row GEMV and the fused launches) per
+#   variant, interleaved, ROUNDS rounds.
+# CARRY_DIR/bin.tar.xz (optional, "-" to skip): scr of a CUDA build with llama-3.2-1b (1b) and/or
+#   llama-3.1-8b (8b) x mlx-int4-g64. Per model: a random bf16 checkpoint, `scr quantize`, then per
+#   variant 64 greedy ids and the logits of a 1-token prompt, each compared bit for bit with the
+#   first variant's, then `scr cuda-bench` per variant, interleaved, ROUNDS rounds.
+# Both carries are packed by tests/cuda/pack_carry.sh. Summary in $OUT/summary.txt.
+set -u
+OUT=${OUT:-/tmp/scr-tc1v-out}
+LOGS=/tmp/scr-tc1v-logs  # tarred into $OUT at the end
+mkdir -p "$LOGS" "$OUT"
+exec > >(tee -a "$OUT/summary.txt") 2>&1
+. tests/cuda/device_lib.sh
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+read -r -a VARS <<< "${VARIANTS:-default xone}"
+venv() { [ "$1" = default ] && echo "SCR_CUDA_QUANT_TC1_VARIANT=" || echo "SCR_CUDA_QUANT_TC1_VARIANT=$1"; }
+ROUNDS=${ROUNDS:-2}
+if [ -n "${2:-}" ]; then
+    device_unpack "$2" /tmp/scr-tc1v-gemv
+    export SCR_REQUIRE_GPU=1
+    G=$C/scr_cuda_quant_gemv
+    for v in "${VARS[@]}"; do
+        step check_$v 400 env "$(venv $v)" $G --no-bench --formats mlx-int4-g32,mlx-int4-g64,mlx-int4-g128
+        echo "check $v: $(grep -c ' -> ok' "$LOGS/check_$v.txt") ok, $(grep -c 'FAILED' "$LOGS/check_$v.txt") FAILED; $(tail -1 "$LOGS/check_$v.txt")"
+    done
+    SHAPES=${SHAPES:-3072x2048,2048x8192,128256x2048,4096x4096,6144x4096,14336x4096,4096x14336,128256x4096}
+    for r in $(seq 1 "$([ -n "${NOBENCH:-}" ] && echo 0 || echo "$ROUNDS")"); do
+        for v in "${VARS[@]}"; do
+            step bench_${v}_$r 300 env "$(venv $v)" $G --formats "${FORMATS:-mlx-int4-g64}" --shapes $SHAPES
+            echo "== GEMV $v round $r"
+            grep -E " tc1 " "$LOGS/bench_${v}_$r.txt" | grep -E "  1 "
+            grep -E "^bench fused" "$LOGS/bench_${v}_$r.txt"
+        done
+    done
+    unset SCR_REQUIRE_GPU
+fi
+if [ -n "${1:-}" ] && [ "$1" != - ]; then
+    device_unpack "$1" /tmp/scr-tc1v-bin
+    S=$C/scr
+    for m in ${MODELS:-8b}; do
+        make_model_any "$m"
+        q=$M-int4
+        step quant_$m 400 $S quantize "$M" "$q" --preset mlx-int4-g64
+        rm -rf "$M"
+        IDS=$(seq -s, 11 130)
+        for v in "${VARS[@]}"; do
+            step greedy_${m}_$v 120 env "$(venv $v)" $S complete "$q" --ids "$IDS" --max-tokens 64 --json
+            step logits1_${m}_$v 120 env "$(venv $v)" $S logits "$q" --ids 11
+        done
+        for v in "${VARS[@]:1}"; do
+            for w in greedy logits1; do
+                if cmp -s "$LOGS/${w}_${m}_${VARS[0]}.txt" "$LOGS/${w}_${m}_$v.txt"; then s=same; else s=DIFFERENT; fi
+                echo "== $m $w: $v vs ${VARS[0]}: $s ($(wc -c < "$LOGS/${w}_${m}_$v.txt") bytes)"
+            done
+        done
+        for r in $(seq 1 "$ROUNDS"); do
+            for v in "${VARS[@]}"; do
+                step cb_${m}_${v}_$r 200 env "$(venv $v)" $S cuda-bench "$q" --prompt 128 --decode 128 --prefill 0 --batches 1
+                echo "$m $v round $r: $(grep -h -o '"decode_device_ms": [0-9.]*\|"batch_tps": {[^}]*}' "$LOGS/cb_${m}_${v}_$r.txt" | tr '\n' ' ')"
+            done
+        done
+        rm -rf "$q"
+    done
+fi
+printf '%s\n' "${summary[@]}"
+tar -C "$LOGS/.." -cJf "$OUT/logs.tar.xz" "$(basename "$LOGS")"
