@@ -99,8 +99,9 @@ inline constexpr bool kQmma1XBatch = SWIGLU || !NORM;
 // WIDE: a span's scales and biases as one 32-bit load per row and pair of groups (g32 / g64), not
 // two 16-bit ones. XPOSE: the earlier layout (sessions 7-11), the chunk's words transposed across the
 // 4 lanes by shuffles (qchunk_words) so that word w of every lane lies in group w / (G / 32); the same
-// integer sums, so the same bits (SCR_CUDA_QUANT_TC1_VARIANT=xpose, for A/B runs).
-template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH = false>
+// integer sums, so the same bits (SCR_CUDA_QUANT_TC1_VARIANT=xpose, for A/B runs). XBATCH: the x
+// staging's loads batched (kQmma1XBatch above).
+template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH>
 __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const __grid_constant__ QuantFusedArgs p, int kparts) {
     static_assert(F::kAffine, "the one-row tensor-core kernel is for the MLX int4 formats");
     static_assert(F::kGroup <= 128, "the digit sums are combined in int32, which holds groups of up to 128");

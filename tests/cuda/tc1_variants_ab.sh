@@ -1,7 +1,8 @@
 #!/bin/bash
 # Variants of the one-row int4 tensor-core GEMV (quant_mma1_kernel, issue #9) side by side, on the
-# GPU machine, in one call. A variant is a value of SCR_CUDA_QUANT_TC1_VARIANT ("default": unset):
+# GPU machine, in one call (variants: see venv below):
 #   OUT=$OUT [VARIANTS="default xone"] [MODELS=8b] [ROUNDS=2] [NOBENCH=1] [SHAPES=NxK,...] [FORMATS=...]
+#       [CB_PREFILL=0]
 #       bash tests/cuda/tc1_variants_ab.sh [CARRY_DIR|-] [GEMV_CARRY_DIR]
 # GEMV_CARRY_DIR/bin.tar.xz (optional): scr_cuda_quant_gemv. Its checks of the MLX int4 formats
 #   under every variant, then (unless NOBENCH=1) its bench (one-row GEMV and the fused launches) per
@@ -9,7 +10,7 @@
 # CARRY_DIR/bin.tar.xz (optional, "-" to skip): scr of a CUDA build with llama-3.2-1b (1b) and/or
 #   llama-3.1-8b (8b) x mlx-int4-g64. Per model: a random bf16 checkpoint, `scr quantize`, then per
 #   variant 64 greedy ids and the logits of a 1-token prompt, each compared bit for bit with the
-#   first variant's, then `scr cuda-bench` per variant, interleaved, ROUNDS rounds.
+#   first variant's, then `scr cuda-bench` (prefill CB_PREFILL tokens) per variant, interleaved, ROUNDS rounds.
 # Both carries are packed by tests/cuda/pack_carry.sh. Summary in $OUT/summary.txt.
 set -u
 OUT=${OUT:-/tmp/scr-tc1v-out}
@@ -19,7 +20,15 @@ exec > >(tee -a "$OUT/summary.txt") 2>&1
 . tests/cuda/device_lib.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 read -r -a VARS <<< "${VARIANTS:-default xone}"
-venv() { [ "$1" = default ] && echo "SCR_CUDA_QUANT_TC1_VARIANT=" || echo "SCR_CUDA_QUANT_TC1_VARIANT=$1"; }
+# A variant is "default", a value of SCR_CUDA_QUANT_TC1_VARIANT, or a whole NAME=VALUE assignment
+# (e.g. SCR_CUDA_QUANT_TC1_PARTS=fifths).
+venv() {
+    case $1 in
+    default) echo "SCR_CUDA_QUANT_TC1_VARIANT=" ;;
+    *=*) echo "$1" ;;
+    *) echo "SCR_CUDA_QUANT_TC1_VARIANT=$1" ;;
+    esac
+}
 ROUNDS=${ROUNDS:-2}
 if [ -n "${2:-}" ]; then
     device_unpack "$2" /tmp/scr-tc1v-gemv
@@ -61,8 +70,8 @@ if [ -n "${1:-}" ] && [ "$1" != - ]; then
         done
         for r in $(seq 1 "$ROUNDS"); do
             for v in "${VARS[@]}"; do
-                step cb_${m}_${v}_$r 200 env "$(venv $v)" $S cuda-bench "$q" --prompt 128 --decode 128 --prefill 0 --batches 1
-                echo "$m $v round $r: $(grep -h -o '"decode_device_ms": [0-9.]*\|"batch_tps": {[^}]*}' "$LOGS/cb_${m}_${v}_$r.txt" | tr '\n' ' ')"
+                step cb_${m}_${v}_$r 200 env "$(venv $v)" $S cuda-bench "$q" --prompt 128 --decode 128 --prefill "${CB_PREFILL:-0}" --batches 1
+                echo "$m $v round $r: $(grep -h -o '"decode_device_ms": [0-9.]*\|"batch_tps": {[^}]*}\|"prefill_tps": [0-9.]*' "$LOGS/cb_${m}_${v}_$r.txt" | tr '\n' ' ')"
             done
         done
         rm -rf "$q"
