@@ -69,6 +69,28 @@ __host__ __device__ constexpr int attention_warps() {
     return w >= 16 ? 16 : (w < 1 ? 1 : w);
 }
 
+// The merge's second half: out of every warp's (m, l, acc[D]) per head in shared memory, the
+// block's output o [G][D] (warps in order; a sink joins the softmax with no value).
+template <int G, int D, int NW>
+__device__ __forceinline__ void merge_combine(const float (&sm_m)[NW][G], const float (&sm_l)[NW][G], const float (&sm_acc)[NW][G][D],
+                                              const float* sinks, float* o) {
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+        const int h = idx / D, d = idx % D;
+        const float sink = sinks ? sinks[h] : -INFINITY;
+        float mx = sink;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) mx = fmaxf(mx, sm_m[w][h]);
+        float sum = sinks ? expf(__fsub_rn(sink, mx)) : 0.0f, val = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {  // explicit roundings, as in warp_attend_vec
+            const float f = sm_l[w][h] > 0.0f ? expf(__fsub_rn(sm_m[w][h], mx)) : 0.0f;
+            sum = __fmaf_rn(sm_l[w][h], f, sum);
+            val = __fmaf_rn(sm_acc[w][h][d], f, val);
+        }
+        o[idx] = __fdiv_rn(val, sum);
+    }
+}
+
 // Merges the warps' partial softmaxes (per head: running max m, sum l, weighted V rows acc; lane
 // holds head dims lane + 32 i) into the block's output o [G][D]. A sink is one more logit in the
 // softmax, with no value (sinks: the group's G logits, or null).
@@ -89,19 +111,7 @@ __device__ __forceinline__ void merge_warps(const float (&m)[G], const float (&l
         }
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-        const int h = idx / D, d = idx % D;
-        const float sink = sinks ? sinks[h] : -INFINITY;
-        float mx = sink;
-        for (int w = 0; w < NW; ++w) mx = fmaxf(mx, sm_m[w][h]);
-        float sum = sinks ? expf(sink - mx) : 0.0f, val = 0.0f;
-        for (int w = 0; w < NW; ++w) {
-            const float f = sm_l[w][h] > 0.0f ? expf(sm_m[w][h] - mx) : 0.0f;
-            sum += sm_l[w][h] * f;
-            val += sm_acc[w][h][d] * f;
-        }
-        o[idx] = val / sum;
-    }
+    merge_combine<G, D, NW>(sm_m, sm_l, sm_acc, sinks, o);
 }
 
 // One block's work for token t and kv head g: its warps walk the visible KV blocks with an online
@@ -188,7 +198,198 @@ __device__ __forceinline__ void attend_group(int g, int ctx, int first, const in
     merge_warps<G, D, NW, DPL>(m, l, acc, sm_m, sm_l, sm_acc, sinks, o);
 }
 
-template <int HQ, int HKV, int D, int BS, typename KVT, int NW = attention_warps<HQ / HKV, D>()>
+// ---- Decode attention in the vector layout (the launches of at most kAttentionDecodeMaxRows rows).
+// A KV row is read as 16-byte pieces: LPR lanes per row, lane c of a row holding head dims
+// c * Vn .. c * Vn + Vn - 1, RPL = 32 / LPR rows per load instruction, so a warp asks for whole
+// rows at once and all of a KV block's K and V rows are in flight together (one memory latency
+// per block, where the scalar loop of attend_group had one per 8 keys and a 5-step butterfly per
+// key). Shapes whose rows do not split that way keep attend_group.
+template <int D, typename KVT>
+struct KvVec {
+    static constexpr int Vn = Vec16<KVT>::n;  // head dims per 16-byte piece
+    static constexpr int LPR = D % Vn == 0 ? D / Vn : 0;
+    static constexpr bool row_fits = LPR >= 1 && LPR <= kWarp && (LPR & (LPR - 1)) == 0;
+    static constexpr int RPL = row_fits ? kWarp / LPR : 1;  // rows per load instruction
+};
+template <int D, int BS, typename KVT>
+__host__ __device__ constexpr bool attend_vec_fits() {
+    return KvVec<D, KVT>::row_fits && BS % KvVec<D, KVT>::RPL == 0;
+}
+// Whether a model's decode launches take attend_group_vec: its rows split that way, and a whole
+// query group's q and acc pieces fit in 64 registers (a lane holds Vn dims of each head, where the
+// scalar loop holds D / 32). A function of the group (G), never of a block's share of it, so a
+// head's bits do not depend on the head split.
+template <int G, int D, int BS, typename KVT>
+__host__ __device__ constexpr bool attend_vec_on() {
+    return attend_vec_fits<D, BS, KVT>() && G * KvVec<D, KVT>::Vn <= 32;
+}
+
+// One warp's online softmax over KV blocks blk0, blk0 + stride, ... of kv head g, for the GH query
+// heads at qg [GH][D] (shared or global memory). A lane holds rows i * RPL + lane / LPR (i < NL) of
+// a block. Per block: K and V pieces loaded (all of the block's at once where registers allow,
+// else each step's), then in steps of SR rows per lane: the partial dot products summed over a
+// row's LPR lanes, the step's max over the warp, the running max/sum rescaled, p and p * V over
+// the lane's own rows. At the end l and acc are summed over the warp's row groups. cur_k / cur_v
+// (float [D], or null): position ctx - 1 taken from there (rounded to KVT, as the cache holds it)
+// instead of its cache row, which this launch is writing. Out: m (max), l (sum), acc[h][e] = head
+// dim (lane % LPR) * Vn + e, the same in every lane. SR depends on D and KVT only, and every
+// rounding is an explicit intrinsic (no contraction left to the compiler: its choices followed the
+// code's shape, and a head's bits differed between GH = 1 and 4 without them), so a head's bits
+// depend neither on GH nor on what is loaded ahead.
+template <int GH, int D, int BS, typename KVT>
+__device__ __forceinline__ void warp_attend_vec(int g, int ctx, int first, const int32_t* table, int blk0, int stride,
+                                                const float* qg, const std::byte* kv, int64_t block_bytes, int64_t k_off,
+                                                int64_t v_off, float scale, float softcap, const float* cur_k, const float* cur_v,
+                                                float (&m)[GH], float (&l)[GH], float (&acc)[GH][KvVec<D, KVT>::Vn]) {
+    using L = KvVec<D, KVT>;
+    using V = Vec16<KVT>;
+    constexpr int Vn = L::Vn, LPR = L::LPR, RPL = L::RPL, NL = BS / RPL;
+    static_assert(attend_vec_fits<D, BS, KVT>(), "warp_attend_vec: KV rows do not split into 16-byte pieces over a warp");
+    constexpr int SR = NL < 4 ? NL : 4;  // rows per lane per softmax step
+    // A whole block's K and V pieces ahead (8 registers per row) where that leaves room.
+    constexpr bool kAhead = NL * 8 + GH * (2 * Vn + SR) <= 96;
+    const int lane = threadIdx.x % kWarp, c = lane % LPR, r = lane / LPR;
+    float q[GH][Vn];
+#pragma unroll
+    for (int h = 0; h < GH; ++h) {
+#pragma unroll
+        for (int e = 0; e < Vn; e += 4) {
+            const float4 v4 = *reinterpret_cast<const float4*>(qg + h * D + c * Vn + e);
+            q[h][e] = v4.x, q[h][e + 1] = v4.y, q[h][e + 2] = v4.z, q[h][e + 3] = v4.w;
+        }
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < Vn; ++e) acc[h][e] = 0.0f;
+    }
+    const int nblocks = (ctx + BS - 1) / BS;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (int blk = blk0; blk < nblocks; blk += stride) {
+        const std::byte* base = kv + int64_t(table[blk]) * block_bytes;
+        const KVT* kb = reinterpret_cast<const KVT*>(base + k_off) + size_t(g) * BS * D + c * Vn;
+        const KVT* vb = reinterpret_cast<const KVT*>(base + v_off) + size_t(g) * BS * D + c * Vn;
+        const int j0 = max(0, first - blk * BS), n = min(BS, ctx - blk * BS);
+        const int jcur = ctx - 1 - blk * BS;  // the current position's row in this block (or outside it)
+        auto live = [&](int i) { const int j = i * RPL + r; return j >= j0 && j < n; };
+        auto load = [&](const KVT* p, int i) { return live(i) ? *reinterpret_cast<const uint4*>(p + size_t(i * RPL + r) * D) : zero; };
+        auto piece = [&](const float* cur, int i, uint4 raw, float (&f)[Vn]) {
+            V::unpack(raw, f);
+            if (cur && i * RPL + r == jcur) {
+#pragma unroll
+                for (int e = 0; e < Vn; ++e) f[e] = to_f32(from_f32<KVT>(cur[c * Vn + e]));
+            }
+        };
+        uint4 kpre[kAhead ? NL : 1], vpre[kAhead ? NL : 1];
+        if constexpr (kAhead) {
+#pragma unroll
+            for (int i = 0; i < NL; ++i) kpre[i] = load(kb, i);
+#pragma unroll
+            for (int i = 0; i < NL; ++i) vpre[i] = load(vb, i);
+        }
+#pragma unroll
+        for (int i0 = 0; i0 < NL; i0 += SR) {
+            uint4 kr[SR];
+#pragma unroll
+            for (int ii = 0; ii < SR; ++ii) kr[ii] = kAhead ? kpre[i0 + ii] : load(kb, i0 + ii);
+            float s[GH][SR];
+#pragma unroll
+            for (int ii = 0; ii < SR; ++ii) {
+                float kf[Vn];
+                piece(cur_k, i0 + ii, kr[ii], kf);
+#pragma unroll
+                for (int h = 0; h < GH; ++h) {
+                    float d = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < Vn; ++e) d = __fmaf_rn(q[h][e], kf[e], d);
+                    s[h][ii] = d;
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < GH; ++h) {
+                float mb = -INFINITY;
+#pragma unroll
+                for (int ii = 0; ii < SR; ++ii) {
+                    float d = s[h][ii];
+#pragma unroll
+                    for (int o = 1; o < LPR; o <<= 1) d = __fadd_rn(d, __shfl_xor_sync(0xffffffffu, d, o));
+                    d = __fmul_rn(d, scale);
+                    if (softcap > 0.0f) d = __fmul_rn(softcap, tanhf(__fdiv_rn(d, softcap)));
+                    s[h][ii] = live(i0 + ii) ? d : -INFINITY;
+                    mb = fmaxf(mb, s[h][ii]);
+                }
+#pragma unroll
+                for (int o = LPR; o < kWarp; o <<= 1) mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, o));
+                const float m_new = fmaxf(m[h], mb);
+                const float m_ref = m_new == -INFINITY ? 0.0f : m_new;  // no live key seen yet: p = 0, no NaN
+                const float alpha = expf(__fsub_rn(m[h], m_ref));       // 0 while m = -inf
+                l[h] = __fmul_rn(l[h], alpha);
+#pragma unroll
+                for (int e = 0; e < Vn; ++e) acc[h][e] = __fmul_rn(acc[h][e], alpha);
+                m[h] = m_new;
+#pragma unroll
+                for (int ii = 0; ii < SR; ++ii) {
+                    s[h][ii] = expf(__fsub_rn(s[h][ii], m_ref));  // p; 0 for rows that are not live
+                    l[h] = __fadd_rn(l[h], s[h][ii]);
+                }
+            }
+            uint4 vr[SR];  // (without kAhead: loaded once the scores are done, to spare registers)
+#pragma unroll
+            for (int ii = 0; ii < SR; ++ii) vr[ii] = kAhead ? vpre[i0 + ii] : load(vb, i0 + ii);
+#pragma unroll
+            for (int ii = 0; ii < SR; ++ii) {
+                float vf[Vn];
+                piece(cur_v, i0 + ii, vr[ii], vf);
+#pragma unroll
+                for (int h = 0; h < GH; ++h)
+#pragma unroll
+                    for (int e = 0; e < Vn; ++e) acc[h][e] = __fmaf_rn(s[h][ii], vf[e], acc[h][e]);
+            }
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < GH; ++h) {
+#pragma unroll
+        for (int o = LPR; o < kWarp; o <<= 1) {
+            l[h] = __fadd_rn(l[h], __shfl_xor_sync(0xffffffffu, l[h], o));
+#pragma unroll
+            for (int e = 0; e < Vn; ++e) acc[h][e] = __fadd_rn(acc[h][e], __shfl_xor_sync(0xffffffffu, acc[h][e], o));
+        }
+    }
+}
+
+// attend_group's work in the vector layout: the block's NW warps over the visible KV blocks, then
+// merge_combine into o [G][D].
+template <int G, int D, int BS, typename KVT, int NW>
+__device__ __forceinline__ void attend_group_vec(int g, int ctx, int first, const int32_t* table, const float* qg, const std::byte* kv,
+                                                 int64_t block_bytes, int64_t k_off, int64_t v_off, float scale, const AttnExtras& x,
+                                                 const float* sinks, const float* cur_k, const float* cur_v, float* o) {
+    using L = KvVec<D, KVT>;
+    constexpr int Vn = L::Vn;
+    static_assert(G * D <= 8192, "grouped heads x head_dim too large for one thread block's merge buffer");
+    __shared__ float sm_m[NW][G], sm_l[NW][G];
+    __shared__ __align__(16) float sm_acc[NW][G][D];
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    float m[G], l[G], acc[G][Vn];
+    warp_attend_vec<G, D, BS, KVT>(g, ctx, first, table, first / BS + warp, NW, qg, kv, block_bytes, k_off, v_off, scale, x.softcap,
+                                   cur_k, cur_v, m, l, acc);
+    if (lane < L::LPR) {
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+#pragma unroll
+            for (int e = 0; e < Vn; e += 4)
+                *reinterpret_cast<float4*>(&sm_acc[warp][h][lane * Vn + e]) = make_float4(acc[h][e], acc[h][e + 1], acc[h][e + 2], acc[h][e + 3]);
+            if (lane == 0) {
+                sm_m[warp][h] = m[h];
+                sm_l[warp][h] = l[h];
+            }
+        }
+    }
+    __syncthreads();
+    merge_combine<G, D, NW>(sm_m, sm_l, sm_acc, sinks, o);
+}
+
+// VEC: attend_group_vec (the decode launches) where the shape allows, else attend_group.
+template <int HQ, int HKV, int D, int BS, typename KVT, int NW = attention_warps<HQ / HKV, D>(), bool VEC = false>
 __global__ void __launch_bounds__(NW * kWarp, attention_min_blocks(NW))
 attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const std::byte* __restrict__ kv, int64_t block_bytes,
                  int64_t k_off, int64_t v_off, float scale, const AttnExtras x, float* __restrict__ out,
@@ -208,24 +409,32 @@ attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const 
         return;
     }
     const auto [ctx, first, table] = attn_token(st, t, x);
-    attend_group<G, D, BS, KVT, NW>(g, ctx, first, table, q + (size_t(t) * HQ + size_t(g) * G) * D, kv, block_bytes, k_off, v_off,
-                                    scale, x, x.sinks ? x.sinks + g * G : nullptr, o);
+    const float* qg = q + (size_t(t) * HQ + size_t(g) * G) * D;
+    if constexpr (VEC && attend_vec_on<G, D, BS, KVT>())
+        attend_group_vec<G, D, BS, KVT, NW>(g, ctx, first, table, qg, kv, block_bytes, k_off, v_off, scale, x,
+                                            x.sinks ? x.sinks + g * G : nullptr, nullptr, nullptr, o);
+    else
+        attend_group<G, D, BS, KVT, NW>(g, ctx, first, table, qg, kv, block_bytes, k_off, v_off, scale, x, x.sinks ? x.sinks + g * G : nullptr,
+                                        o);
 }
 
 
 // Decode attention with RoPE and the KV append folded in, for steps where every sequence has one
 // token (Ctx::one_token_per_seq): then only this block reads its token's new K/V row, so nothing
-// has to reach memory before the attention starts. The block rotates its G query heads and its key
-// head exactly as rope_kernel does, writes K and V to the slot, and reads the current position back
-// from the cache after a barrier, like every other position (earlier ones were written by kernels
-// of earlier steps, so this warp's KV blocks are prefetched into L2 before pdl_wait()). Same keys,
-// same order, same arithmetic as rope_append + attention_kernel.
+// has to reach memory before the attention starts. Before pdl_wait() (the step arrays and earlier
+// steps' KV rows are readable then) the block computes the rotation's sines and cosines for its
+// position (sincosf as rope_kernel does) and prefetches its warps' KV blocks into L2. After it,
+// the block rotates its G query heads and its key head exactly as rope_kernel does, straight from
+// the projections into shared memory, and writes K and V to the slot. With VEC (attend_group_vec)
+// the key loop takes the current position from shared memory, rounded as the cache holds it, so
+// it needs no barrier behind that write; attend_group reads it back from the cache after one.
+// Same keys, same order, same arithmetic as rope_append + attention_kernel<VEC>.
 // GS > 1 splits the group's query heads over GS blocks (blockIdx.y = kv head * GS + split): a
 // few-token step then spreads over GS times more SMs (each block's score and merge arithmetic is
 // what bounds it: 8 blocks of an 8B batch-1 step issued for ~15 us). Every split rotates the key
 // and writes the same K/V row to the slot (the same bits, so the row is defined whichever write
-// lands last) and reads it back like the other positions; the per-head bits do not change.
-template <int HQ, int HKV, int D, int ROT, int BS, typename KVT, int NW = attention_warps<HQ / HKV, D>(), int GS = 1>
+// lands last); the per-head bits do not change.
+template <int HQ, int HKV, int D, int ROT, int BS, typename KVT, int NW = attention_warps<HQ / HKV, D>(), int GS = 1, bool VEC = false>
 __global__ void __launch_bounds__(NW * kWarp, attention_min_blocks(NW))
 rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                       const __grid_constant__ RopeFreqs<ROT / 2> f, std::byte* kv, int64_t block_bytes, int64_t k_off, int64_t v_off,
@@ -234,8 +443,10 @@ rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, c
     static_assert(G % GS == 0, "the head split must divide the query group");
     constexpr int GH = G / GS;  // query heads of this block
     constexpr int kHalf = ROT / 2;
-    __shared__ float sm_q[GH + 1][D];  // this block's query heads of the token, then its key head (rotated)
-    __shared__ float sm_v[D];
+    constexpr bool kVec = VEC && attend_vec_on<G, D, BS, KVT>();
+    __shared__ __align__(16) float sm_q[GH + 1][D];  // this block's query heads of the token, then its key head (rotated)
+    __shared__ __align__(16) float sm_v[D];
+    __shared__ float sm_cos[kHalf], sm_sin[kHalf];
 
     pdl_trigger();
     const int t = blockIdx.x, g = blockIdx.y / GS, h0 = (blockIdx.y % GS) * GH;
@@ -250,6 +461,8 @@ rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, c
     const auto [ctx, first, table] = attn_token(st, t, x);
     const int nblocks = (ctx + BS - 1) / BS;
     if (!padding) {
+        const float pos = float(ctx - 1);
+        for (int i = threadIdx.x; i < kHalf; i += blockDim.x) sincosf(pos * f.inv_freq[i], &sm_sin[i], &sm_cos[i]);
         constexpr int kRowBytes = BS * D * int(sizeof(KVT));
         for (int blk = first / BS + warp; blk < nblocks; blk += NW) {
             const std::byte* base = kv + int64_t(table[blk]) * block_bytes + size_t(g) * kRowBytes;
@@ -259,45 +472,47 @@ rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, c
             }
         }
     }
+    __syncthreads();  // sm_cos / sm_sin
     pdl_wait();
     float* o = out + (size_t(t) * HQ + size_t(g) * G + h0) * D;
     if (padding) {  // graph padding: a defined output, no reads, no KV write
         for (int i = threadIdx.x; i < GH * D; i += blockDim.x) o[i] = 0.0f;
         return;
     }
-    for (int i = threadIdx.x; i < GH * D; i += blockDim.x) sm_q[i / D][i % D] = q[(size_t(t) * HQ + size_t(g) * G + h0) * D + i];
-    for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        sm_q[GH][i] = k[(size_t(t) * HKV + g) * D + i];
-        sm_v[i] = v[(size_t(t) * HKV + g) * D + i];
-    }
-    __syncthreads();
-    const float pos = float(ctx - 1);
+    // Rotated pairs (rope_kernel's arithmetic) and the dims past ROT straight into shared memory.
     for (int w = threadIdx.x; w < (GH + 1) * kHalf; w += blockDim.x) {
         const int h = w / kHalf, i = w % kHalf;
-        float sn, cs;
-        sincosf(pos * f.inv_freq[i], &sn, &cs);
-        rotate_pair<ROT>(sm_q[h], sm_q[h], i, cs, sn);
+        const float* src = h < GH ? q + (size_t(t) * HQ + size_t(g) * G + h0 + h) * D : k + (size_t(t) * HKV + g) * D;
+        rotate_pair<ROT>(src, sm_q[h], i, sm_cos[i], sm_sin[i]);
     }
+    if constexpr (D > ROT) {
+        for (int w = threadIdx.x; w < (GH + 1) * (D - ROT); w += blockDim.x) {
+            const int h = w / (D - ROT), i = ROT + w % (D - ROT);
+            sm_q[h][i] = h < GH ? q[(size_t(t) * HQ + size_t(g) * G + h0 + h) * D + i] : k[(size_t(t) * HKV + g) * D + i];
+        }
+    }
+    for (int i = threadIdx.x; i < D; i += blockDim.x) sm_v[i] = v[(size_t(t) * HKV + g) * D + i];
     __syncthreads();
     const int64_t slot = st.slot_mapping[t];
-    KVT* kd_out = nullptr;
-    KVT* vd_out = nullptr;
     if (slot >= 0) {
         std::byte* base = kv + (slot / BS) * block_bytes;
-        kd_out = reinterpret_cast<KVT*>(base + k_off) + (size_t(g) * BS + slot % BS) * D;
-        vd_out = reinterpret_cast<KVT*>(base + v_off) + (size_t(g) * BS + slot % BS) * D;
-    }
-    if (kd_out) {
+        KVT* kd_out = reinterpret_cast<KVT*>(base + k_off) + (size_t(g) * BS + slot % BS) * D;
+        KVT* vd_out = reinterpret_cast<KVT*>(base + v_off) + (size_t(g) * BS + slot % BS) * D;
         for (int i = threadIdx.x; i < D; i += blockDim.x) {
             kd_out[i] = from_f32<KVT>(sm_q[GH][i]);
             vd_out[i] = from_f32<KVT>(sm_v[i]);
         }
     }
-    // The block's own global writes are visible to all its threads after the barrier: the key
-    // loop then reads this position from the cache like any other.
-    __syncthreads();
-    attend_group<GH, D, BS, KVT, NW>(g, ctx, first, table, &sm_q[0][0], kv, block_bytes, k_off, v_off, scale, x,
-                                     x.sinks ? x.sinks + g * G + h0 : nullptr, o);
+    const float* sinks = x.sinks ? x.sinks + g * G + h0 : nullptr;
+    if constexpr (kVec) {
+        attend_group_vec<GH, D, BS, KVT, NW>(g, ctx, first, table, &sm_q[0][0], kv, block_bytes, k_off, v_off, scale, x, sinks, sm_q[GH],
+                                             sm_v, o);
+    } else {
+        // The block's own global writes are visible to all its threads after the barrier: the key
+        // loop then reads this position from the cache like any other.
+        __syncthreads();
+        attend_group<GH, D, BS, KVT, NW>(g, ctx, first, table, &sm_q[0][0], kv, block_bytes, k_off, v_off, scale, x, sinks, o);
+    }
 }
 
 // The same attention with one key per lane (tiles of 32 keys per warp): a lane scores its key
@@ -439,6 +654,20 @@ constexpr int kAttentionManyRows = 33;
 constexpr int kAttentionFusedMaxRows = 256;
 constexpr int kAttentionManyRowsWarps = 4;
 
+// SCR_CUDA_ATTN_VEC=0 (or attention_vec_override() = 0): the decode launches (at most
+// kAttentionDecodeMaxRows rows) keep the scalar key loop (attend_group, sessions 3-13) instead of
+// attend_group_vec, for A/B runs. The fused and the plain decode launches both follow it, so a
+// token's bits do not depend on which of them ran (the persistent decode1 kernel follows the
+// default only).
+inline bool attention_vec_on() {
+    if (attention_vec_override() >= 0) return attention_vec_override() == 1;
+    static const bool on = [] {
+        const char* e = std::getenv("SCR_CUDA_ATTN_VEC");
+        return !(e && e[0] == '0');
+    }();
+    return on;
+}
+
 // Causal attention of every token's query heads over its sequence's KV blocks (already appended).
 template <int HQ, int HKV, int D, int BS, typename KVT>
 void attention(const Ctx& c, int rows, const float* q, const std::byte* kv, int64_t block_bytes, int64_t k_off, int64_t v_off,
@@ -457,8 +686,10 @@ void attention(const Ctx& c, int rows, const float* q, const std::byte* kv, int6
         // blocks prefetch the next launches' weights into L2 (Ctx::l2, from the emitter; off: none).
         const L2Plan pf = l2_plan(c.l2, L2Site::attention);
         const int extra = ceil_div(l2_prefetch_blocks(pf, NW * kWarp), HKV);
-        launch(c, detail::attention_kernel<HQ, HKV, D, BS, KVT>, dim3(rows + extra, HKV), dim3(NW * kWarp), rows, c.step, q, kv,
-               block_bytes, k_off, v_off, scale, extras, out, pf);
+        constexpr bool kVec = detail::attend_vec_on<HQ / HKV, D, BS, KVT>();  // (else one kernel for both settings)
+        auto kernel = attention_vec_on() ? detail::attention_kernel<HQ, HKV, D, BS, KVT, NW, kVec>
+                                         : detail::attention_kernel<HQ, HKV, D, BS, KVT, NW, false>;
+        launch(c, kernel, dim3(rows + extra, HKV), dim3(NW * kWarp), rows, c.step, q, kv, block_bytes, k_off, v_off, scale, extras, out, pf);
     } else {
         if constexpr (attention_prefill_mma_fits<HQ, HKV, D, KVT>()) {
             if (attention_prefill_mma_on()) {
@@ -516,16 +747,22 @@ void rope_attention(const Ctx& c, int rows, const float* q, const float* k, cons
     if (c.one_token_per_seq && rows <= kAttentionDecodeMaxRows && rope_attention_fused_on()) {
         constexpr int NW = detail::attention_warps<HQ / HKV, D>();
         const L2Plan pf = l2_plan(c.l2, L2Site::attention);  // as in attention() above
+        constexpr bool kVec = detail::attend_vec_on<HQ / HKV, D, BS, KVT>();  // (else one kernel for both settings)
+        const bool vec = attention_vec_on();
         if (rows * HQ <= attention_split_max_blocks()) {  // one block per query head (same bits, more SMs)
             constexpr int GS = HQ / HKV;
             const int extra = ceil_div(l2_prefetch_blocks(pf, NW * kWarp), HKV * GS);
-            launch(c, detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT, NW, GS>, dim3(rows + extra, HKV * GS), dim3(NW * kWarp), rows,
-                   c.step, q, k, v, f, kv, block_bytes, k_off, v_off, scale, extras, out, pf);
+            auto kernel = vec ? detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT, NW, GS, kVec>
+                              : detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT, NW, GS, false>;
+            launch(c, kernel, dim3(rows + extra, HKV * GS), dim3(NW * kWarp), rows, c.step, q, k, v, f, kv, block_bytes, k_off, v_off, scale,
+                   extras, out, pf);
             return;
         }
         const int extra = ceil_div(l2_prefetch_blocks(pf, NW * kWarp), HKV);
-        launch(c, detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT>, dim3(rows + extra, HKV), dim3(NW * kWarp), rows, c.step, q, k,
-               v, f, kv, block_bytes, k_off, v_off, scale, extras, out, pf);
+        auto kernel = vec ? detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT, NW, 1, kVec>
+                          : detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT, NW, 1, false>;
+        launch(c, kernel, dim3(rows + extra, HKV), dim3(NW * kWarp), rows, c.step, q, k, v, f, kv, block_bytes, k_off, v_off, scale, extras,
+               out, pf);
         return;
     }
     rope_append<HQ, HKV, D, ROT, BS, KVT>(c, rows, q, k, v, q_out, f, kv, block_bytes, k_off, v_off);

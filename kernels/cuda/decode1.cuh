@@ -521,7 +521,8 @@ __device__ __forceinline__ void prefetch_kv(const typename M::Params& p, int ly)
 }
 
 // Decode attention of layer `ly` for the step's one token: rope_attention_kernel's arithmetic
-// (GS = G: one query head's work is the same in any grouping) with its NWV warps over KV blocks
+// (GS = G: one query head's work is the same in any grouping; warp_attend_vec where attend_vec_on,
+// as the launches with SCR_CUDA_ATTN_VEC unset, else attend_group's scalar loop) with its NWV warps over KV blocks
 // spread over VS blocks per head, NWV / VS each, so that 4x more SMs share the latency-bound key
 // loop. Every block of a head rotates q and k and writes the same K/V row to the slot (the same
 // bits, as the GS split does), reads it back, and writes its warps' (max, sum, weighted V) to
@@ -574,6 +575,23 @@ __device__ __forceinline__ void attention(const typename M::Params& p, int ly, f
         }
         __syncthreads();  // the block's own K/V writes are visible to its threads: read back below
         for (int vw = part * VPB + warp; vw < min(NWV, (part + 1) * VPB); vw += M::NW) {
+            float* out = p.part + (size_t(h) * NWV + vw) * PS;
+            if constexpr (detail::attend_vec_on<G, D, BS, KVT>()) {
+                // attend_group_vec's per-warp work, the same arithmetic as the launches take
+                using L = detail::KvVec<D, KVT>;
+                float m[1], l[1], acc[1][L::Vn];
+                detail::warp_attend_vec<1, D, BS, KVT>(g, tk.ctx, tk.first, tk.table, tk.first / BS + vw, NWV, sq, p.kv, p.block_bytes,
+                                                       w.k_off, w.v_off, p.scale, 0.0f, nullptr, nullptr, m, l, acc);
+                if (lane < L::LPR) {
+#pragma unroll
+                    for (int e = 0; e < L::Vn; ++e) out[lane * L::Vn + e] = acc[0][e];
+                }
+                if (lane == 0) {
+                    out[D] = m[0];
+                    out[D + 1] = l[0];
+                }
+                continue;
+            }
             float qr[DPL], acc[DPL], m = -INFINITY, l = 0.0f;
 #pragma unroll
             for (int i = 0; i < DPL; ++i) {
@@ -628,7 +646,6 @@ __device__ __forceinline__ void attention(const typename M::Params& p, int ly, f
                     m = m_grp;
                 }
             }
-            float* out = p.part + (size_t(h) * NWV + vw) * PS;
 #pragma unroll
             for (int i = 0; i < DPL; ++i) {
                 const int d = lane + i * kWarp;
@@ -652,16 +669,16 @@ __device__ __forceinline__ void attention(const typename M::Params& p, int ly, f
         if (part == 0) {
             for (int i = threadIdx.x; i < NWV * PS; i += blockDim.x) merge[i] = __ldcg(p.part + size_t(h) * NWV * PS + i);
             __syncthreads();
-            for (int d = threadIdx.x; d < D; d += blockDim.x) {  // merge_warps, no sinks
+            for (int d = threadIdx.x; d < D; d += blockDim.x) {  // merge_combine, no sinks
                 float mx = -INFINITY;
                 for (int v = 0; v < NWV; ++v) mx = fmaxf(mx, merge[v * PS + D]);
                 float sum = 0.0f, val = 0.0f;
                 for (int v = 0; v < NWV; ++v) {
-                    const float f = merge[v * PS + D + 1] > 0.0f ? expf(merge[v * PS + D] - mx) : 0.0f;
-                    sum += merge[v * PS + D + 1] * f;
-                    val += merge[v * PS + d] * f;
+                    const float f = merge[v * PS + D + 1] > 0.0f ? expf(__fsub_rn(merge[v * PS + D], mx)) : 0.0f;
+                    sum = __fmaf_rn(merge[v * PS + D + 1], f, sum);
+                    val = __fmaf_rn(merge[v * PS + d], f, val);
                 }
-                p.attn[h * D + d] = val / sum;
+                p.attn[h * D + d] = __fdiv_rn(val, sum);
             }
         }
         __syncthreads();  // before the next item reuses the buffers

@@ -47,6 +47,13 @@ inline int& attention_prefill_override() {
     return v;
 }
 
+// Decode attention launches (kernels/cuda/attention.cuh, attention_vec_on): -1: SCR_CUDA_ATTN_VEC
+// decides (on unless 0), 0: the scalar key loop, 1: the vector layout where the shape allows. For tests.
+inline int& attention_vec_override() {
+    static int v = -1;
+    return v;
+}
+
 // Batch-1 decode as one persistent kernel (kernels/cuda/decode1.cuh): -1: SCR_CUDA_DECODE1 decides
 // (off unless 1), 0: the launch-per-op step, 1: the persistent kernel where the model has one. For tests.
 inline int& decode1_override() {

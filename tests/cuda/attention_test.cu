@@ -1,6 +1,8 @@
-// scr_cuda_attention: prefill-sized attention launches (kernels/cuda/attention.cuh, more than 64 rows)
-// on the GPU, over a paged bf16 KV cache with shuffled block tables: the tensor-core kernel
-// (attention_prefill.cuh) and the key-per-lane kernel, each against a float64 host reference.
+// scr_cuda_attention: attention launches (kernels/cuda/attention.cuh) on the GPU, over a paged bf16
+// KV cache with shuffled block tables, each against a float64 host reference: prefill-sized ones
+// (more than 64 rows: the tensor-core kernel of attention_prefill.cuh and the key-per-lane kernel)
+// and decode-sized ones (the vector layout and the scalar key loop); and the fused decode launch
+// (RoPE + K/V append + attention) bit for bit against rope_append + attention.
 //   * bound per output: 2e-5 * (1 + max_j |scale q.k_j|) * sum_j p_j |v_j| + 1e-6 (q and the
 //     probabilities enter the tensor cores as bf16 hi + lo, ~2^-17 relative; float32 softmax and
 //     accumulation);
@@ -143,14 +145,20 @@ struct DeviceStep {
     DeviceStep& operator=(const DeviceStep&) = delete;
 };
 
+// Prefill-sized steps (more than 64 rows): path 0 the tensor-core kernel, 1 the key-per-lane one.
+// Decode-sized steps (at most 64 rows): path 0 the vector layout (attend_group_vec), 1 the scalar
+// key loop (attend_group).
 template <int HQ, int HKV, int D>
 int run_case(const Case& cs, cudaStream_t st, std::mt19937& rng) {
     Step<HQ, HKV, D> s(cs, rng);
     DeviceStep<HQ, HKV, D> dev(s, cs, st);
+    const bool decode = s.rows <= kAttentionDecodeMaxRows;
+    const char* names[2] = {decode ? "vector" : "tensor cores", decode ? "scalar" : "key per lane"};
 
     std::vector<float> got[2];
-    for (int path = 0; path < 2; ++path) {  // 0: tensor cores, 1: key per lane
+    for (int path = 0; path < 2; ++path) {
         attention_prefill_override() = path == 0 ? 1 : 0;
+        attention_vec_override() = path == 0 ? 1 : 0;
         CK(cudaMemset(dev.out, 0xff, s.q.size() * 4));
         attention<HQ, HKV, D, BS, bf16_t>(dev.c, s.rows, dev.q, dev.kv, s.block_bytes, 0, s.v_off, s.scale, dev.out, dev.x);
         CK(cudaGetLastError());
@@ -159,6 +167,7 @@ int run_case(const Case& cs, cudaStream_t st, std::mt19937& rng) {
         CK(cudaMemcpy(got[path].data(), dev.out, s.q.size() * 4, cudaMemcpyDeviceToHost));
     }
     attention_prefill_override() = -1;
+    attention_vec_override() = -1;
 
     int bad[2] = {0, 0};
     double worst[2] = {0, 0};
@@ -206,17 +215,153 @@ int run_case(const Case& cs, cudaStream_t st, std::mt19937& rng) {
                     const double err = std::fabs(v - ref[d]);
                     if (!(err <= bound[d])) {
                         if (bad[path]++ < 3)
-                            std::printf("  %s: %s row %d head %d dim %d: got %.9g want %.9g (bound %.3g)\n", cs.name, path ? "keys" : "mma", r, h,
-                                        d, v, ref[d], bound[d]);
+                            std::printf("  %s: %s row %d head %d dim %d: got %.9g want %.9g (bound %.3g)\n", cs.name, names[path], r, h, d, v,
+                                        ref[d], bound[d]);
                     } else {
                         worst[path] = std::max(worst[path], err / bound[d]);
                     }
                 }
         }
     const bool ok = !bad[0] && !bad[1];
-    std::printf("%s %s (H %d/%d, D %d, %d rows): tensor cores %s (worst err/bound %.2e), key per lane %s (%.2e)\n", ok ? "ok  " : "FAIL", cs.name,
-                HQ, HKV, D, s.rows, bad[0] ? "FAIL" : "pass", worst[0], bad[1] ? "FAIL" : "pass", worst[1]);
+    std::printf("%s %s (H %d/%d, D %d, %d rows): %s %s (worst err/bound %.2e), %s %s (%.2e)\n", ok ? "ok  " : "FAIL", cs.name, HQ, HKV, D,
+                s.rows, names[0], bad[0] ? "FAIL" : "pass", worst[0], names[1], bad[1] ? "FAIL" : "pass", worst[1]);
     return !ok;
+}
+
+// Decode steps (one token per sequence, at most 64 rows): rope_attention's fused launch (RoPE, the
+// K/V append and attention in one kernel; with and without the per-head split) against
+// rope_append + attention, for the vector and the scalar key loops. The fused vector launch takes
+// the current position from shared memory instead of the cache, so this is where a mistake in
+// that would show: outputs and the written KV rows must match bit for bit. Then the outputs
+// against a float64 reference built from the rotated q the unfused path leaves in q_out.
+template <int HQ, int HKV, int D>
+int run_rope_case(const char* name, const std::vector<int>& priors, int pad, int window, cudaStream_t st, std::mt19937& rng) {
+    constexpr int ROT = D;
+    Case cs{name, {}, pad, window};
+    for (int p : priors) cs.seqs.push_back({p, 1});
+    Step<HQ, HKV, D> s(cs, rng);
+    DeviceStep<HQ, HKV, D> dev(s, cs, st);
+    const int rows = s.rows;
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> k(size_t(rows) * HKV * D), v(k.size());
+    for (auto& x : k) x = nd(rng);
+    for (auto& x : v) x = nd(rng);
+    std::vector<int64_t> slots(size_t(rows), -1);
+    for (int r = 0; r < s.live; ++r) {
+        const int pos = s.positions[size_t(r)];
+        slots[size_t(r)] = int64_t(s.tables[size_t(s.seq_of[size_t(r)]) * s.stride + pos / BS]) * BS + pos % BS;
+    }
+    RopeFreqs<ROT / 2> f;
+    for (int i = 0; i < ROT / 2; ++i) f.inv_freq[i] = float(std::pow(500000.0, -2.0 * i / ROT));
+    float *dk = DeviceStep<HQ, HKV, D>::upload(k), *dv = DeviceStep<HQ, HKV, D>::upload(v), *qrot = nullptr;
+    int64_t* dslots = DeviceStep<HQ, HKV, D>::upload(slots);
+    CK(cudaMalloc(&qrot, s.q.size() * 4));
+    dev.c.step.slot_mapping = dslots;
+    dev.c.one_token_per_seq = true;
+    const size_t kv_bytes = s.kv.size() * 2;
+    std::vector<float> out[5];
+    std::vector<uint16_t> kv_after[5];
+    // runs: 0 fused split, 1 fused one block per group, 2 rope_append + attention (vector layout);
+    // 3 rope_append + attention, 4 fused split (scalar key loop)
+    for (int run = 0; run < 5; ++run) {
+        attention_vec_override() = run < 3 ? 1 : 0;
+        attention_split_override() = run == 0 || run == 4 ? 1 << 20 : 0;
+        CK(cudaMemcpy(dev.kv, s.kv.data(), kv_bytes, cudaMemcpyHostToDevice));
+        CK(cudaMemset(dev.out, 0xff, s.q.size() * 4));
+        if (run < 2 || run == 4) {
+            rope_attention<HQ, HKV, D, ROT, BS, bf16_t>(dev.c, rows, dev.q, dk, dv, qrot, f, dev.kv, s.block_bytes, 0, s.v_off, s.scale, dev.out,
+                                                        dev.x);
+        } else {
+            rope_append<HQ, HKV, D, ROT, BS, bf16_t>(dev.c, rows, dev.q, dk, dv, qrot, f, dev.kv, s.block_bytes, 0, s.v_off);
+            attention<HQ, HKV, D, BS, bf16_t>(dev.c, rows, qrot, dev.kv, s.block_bytes, 0, s.v_off, s.scale, dev.out, dev.x);
+        }
+        CK(cudaGetLastError());
+        CK(cudaStreamSynchronize(st));
+        out[run].resize(s.q.size());
+        CK(cudaMemcpy(out[run].data(), dev.out, s.q.size() * 4, cudaMemcpyDeviceToHost));
+        kv_after[run].resize(s.kv.size());
+        CK(cudaMemcpy(kv_after[run].data(), dev.kv, kv_bytes, cudaMemcpyDeviceToHost));
+    }
+    attention_vec_override() = -1;
+    attention_split_override() = -1;
+    std::vector<float> q_rot(s.q.size());
+    CK(cudaMemcpy(q_rot.data(), qrot, s.q.size() * 4, cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int run : {0, 1, 4}) {
+        const int ref = run == 4 ? 3 : 2;
+        const bool diff_out = std::memcmp(out[run].data(), out[ref].data(), out[ref].size() * 4) != 0;
+        const bool diff_kv = kv_after[run] != kv_after[ref];
+        if (diff_out || diff_kv) {
+            ++bad;
+            size_t n = 0;
+            for (size_t i = 0; i < out[ref].size(); ++i) n += std::memcmp(&out[run][i], &out[ref][i], 4) != 0;
+            std::printf("  %s: fused (%s) vs rope_append + attention: %zu of %zu outputs differ, KV %s\n", name,
+                        run == 0 ? "vector, split" : run == 1 ? "vector, no split" : "scalar, split", n, out[ref].size(),
+                        diff_kv ? "differs" : "same");
+        }
+    }
+    // float64 reference from the rotated q and the KV cache as written
+    double worst[2] = {0, 0};
+    int bad_ref[2] = {0, 0};
+    for (int r = 0; r < s.live; ++r)
+        for (int h = 0; h < HQ; ++h) {
+            const int kvh = h / (HQ / HKV), seq = s.seq_of[size_t(r)], ctx = s.positions[size_t(r)] + 1;
+            const int first = window > 0 ? std::max(0, ctx - window) : 0;
+            auto kvv = [&](int which, int j, int d) {
+                const int block = s.tables[size_t(seq) * s.stride + j / BS];
+                return bf16_value(kv_after[2][size_t(block) * size_t(s.block_bytes / 2) + size_t(which) * size_t(s.v_off / 2) +
+                                              (size_t(kvh) * BS + j % BS) * D + d]);
+            };
+            const float* qr = &q_rot[(size_t(r) * HQ + h) * D];
+            std::vector<double> sc(size_t(ctx), -INFINITY), ref(D, 0.0), pv_abs(D, 0.0);
+            double mx = -INFINITY, qk_abs = 0, z = 0;
+            for (int j = first; j < ctx; ++j) {
+                double dot = 0, a = 0;
+                for (int d = 0; d < D; ++d) {
+                    dot += qr[d] * kvv(0, j, d);
+                    a += std::fabs(qr[d] * kvv(0, j, d));
+                }
+                sc[size_t(j)] = dot * s.scale;
+                mx = std::max(mx, sc[size_t(j)]);
+                qk_abs = std::max(qk_abs, a * s.scale);
+            }
+            for (int j = first; j < ctx; ++j) z += std::exp(sc[size_t(j)] - mx);
+            for (int j = first; j < ctx; ++j)
+                for (int d = 0; d < D; ++d) {
+                    const double p = std::exp(sc[size_t(j)] - mx) / z;
+                    ref[d] += p * kvv(1, j, d);
+                    pv_abs[d] += p * std::fabs(kvv(1, j, d));
+                }
+            for (int d = 0; d < D; ++d) {
+                const double bound = 2e-5 * (1.0 + qk_abs) * pv_abs[d] + 1e-6;
+                for (int path = 0; path < 2; ++path) {
+                    const double got = out[path == 0 ? 1 : 3][(size_t(r) * HQ + h) * D + d];
+                    const double err = std::fabs(got - ref[d]);
+                    if (!(err <= bound)) {
+                        if (bad_ref[path]++ < 3)
+                            std::printf("  %s: %s row %d head %d dim %d: got %.9g want %.9g (bound %.3g)\n", name, path ? "scalar" : "vector", r, h,
+                                        d, got, ref[d], bound);
+                    } else {
+                        worst[path] = std::max(worst[path], err / bound);
+                    }
+                }
+            }
+        }
+    for (int r = s.live; r < rows; ++r)  // graph padding rows come out 0
+        for (int i = 0; i < HQ * D; ++i)
+            if (out[0][size_t(r) * HQ * D + i] != 0.0f || out[1][size_t(r) * HQ * D + i] != 0.0f) {
+                ++bad;
+                std::printf("  %s: padding row %d not 0\n", name, r);
+                break;
+            }
+    bad += bad_ref[0] + bad_ref[1];
+    std::printf("%s %s (H %d/%d, D %d, %d rows): fused == rope_append + attention (vector split / not, scalar split) %s; vs float64: "
+                "vector %s (%.2e), "
+                "scalar %s (%.2e)\n",
+                bad ? "FAIL" : "ok  ", name, HQ, HKV, D, rows, bad > bad_ref[0] + bad_ref[1] ? "NO" : "yes", bad_ref[0] ? "FAIL" : "pass", worst[0],
+                bad_ref[1] ? "FAIL" : "pass", worst[1]);
+    for (void* p : {(void*)dk, (void*)dv, (void*)qrot, (void*)dslots}) cudaFree(p);
+    return bad ? 1 : 0;
 }
 
 template <int HQ, int HKV, int D>
@@ -260,7 +405,20 @@ int main(int argc, char** argv) try {
     failures += run_case<32, 8, 64>({"sinks", {{0, 80}, {20, 9}}, 0, 0, 0.0f, true}, st, rng);
     failures += run_case<32, 8, 128>({"8B heads, prior 60", {{60, 200}}}, st, rng);
     failures += run_case<32, 4, 128>({"30B-A3B heads (8 per group)", {{0, 130}}}, st, rng);
-    std::printf("%s\n", failures ? "FAILED" : "all prefill attention checks passed");
+    // decode-sized launches (at most 64 rows): the vector layout and the scalar key loop
+    failures += run_case<32, 8, 64>({"decode, 5 sequences + 2 padding rows", {{0, 1}, {15, 1}, {16, 1}, {200, 1}, {47, 1}}, 2}, st, rng);
+    failures += run_case<32, 8, 128>({"decode 8B heads, mixed 3 + 1 + 1 rows", {{37, 3}, {300, 1}, {1, 1}}}, st, rng);
+    failures += run_case<32, 8, 64>({"decode, window 40 + softcap 30", {{100, 1}, {7, 1}, {63, 1}}, 0, 40, 30.0f}, st, rng);
+    failures += run_case<32, 8, 128>({"decode, sinks", {{80, 1}, {0, 1}}, 0, 0, 0.0f, true}, st, rng);
+    failures += run_case<32, 4, 128>({"decode, 8 heads per group (scalar both)", {{130, 1}, {5, 1}}}, st, rng);
+    failures += run_case<40, 8, 128>({"decode, 5 heads per group (scalar both)", {{31, 1}}}, st, rng);
+    failures += run_case<4, 2, 16>({"decode, tiny heads", {{0, 1}, {33, 1}, {9, 1}}}, st, rng);
+    // fused RoPE + append + attention against the two launches, bit for bit
+    failures += run_rope_case<32, 8, 64>("rope decode, 1B heads", {150}, 0, 0, st, rng);
+    failures += run_rope_case<32, 8, 128>("rope decode, 8B heads, 3 sequences + 1 padding row", {15, 16, 260}, 1, 0, st, rng);
+    failures += run_rope_case<32, 8, 64>("rope decode, 9 sequences, window 20", {0, 1, 17, 31, 32, 90, 5, 19, 64}, 0, 20, st, rng);
+    failures += run_rope_case<4, 2, 16>("rope decode, tiny heads", {3, 40}, 0, 0, st, rng);
+    std::printf("%s\n", failures ? "FAILED" : "all attention checks passed");
     if (!(argc > 1 && std::strcmp(argv[1], "--no-bench") == 0)) {
         std::printf("\nus per launch (events, mean of 10), 512 rows of one sequence at positions 1,536-2,047:\n");
         std::printf("| heads q / kv | head dim | tensor cores | key per lane | speed-up |\n|---|---:|---:|---:|---:|\n");
