@@ -224,6 +224,47 @@ __host__ __device__ constexpr bool attend_vec_on() {
     return attend_vec_fits<D, BS, KVT>() && G * KvVec<D, KVT>::Vn <= 32;
 }
 
+// rows per lane per softmax step of warp_attend_vec (a function of D and KVT only: it sets the bits)
+template <int D, int BS, typename KVT>
+__host__ __device__ constexpr int vec_step_rows() {
+    constexpr int NL = BS / KvVec<D, KVT>::RPL;
+    return NL < 4 ? NL : 4;
+}
+
+// One warp's K and V pieces of a whole KV block, held in registers ahead of use where that leaves
+// room (`on`: 8 registers per row a lane holds, besides GH heads' q and acc pieces). The caller may
+// fill it before pdl_wait() for the warp's first block: rows of earlier steps are in the cache by
+// then, and the current position, which this launch writes, is taken from cur_k / cur_v anyway.
+template <int GH, int D, int BS, typename KVT>
+struct VecAhead {
+    static constexpr int NL = BS / KvVec<D, KVT>::RPL;
+    static constexpr bool on = NL * 8 + GH * (2 * KvVec<D, KVT>::Vn + vec_step_rows<D, BS, KVT>()) <= 96;
+    uint4 k[on ? NL : 1], v[on ? NL : 1];
+    int blk = -1;  // the KV block (index into the sequence's table) they hold, or -1
+
+    // Loads block blk of kv head g (rows outside first .. ctx - 1 as zeros).
+    __device__ __forceinline__ void load(int g, int ctx, int first, const int32_t* table, int b, const std::byte* kv, int64_t block_bytes,
+                                         int64_t k_off, int64_t v_off) {
+        using L = KvVec<D, KVT>;
+        const int lane = threadIdx.x % kWarp, c = lane % L::LPR, r = lane / L::LPR;
+        const std::byte* base = kv + int64_t(table[b]) * block_bytes;
+        const KVT* kb = reinterpret_cast<const KVT*>(base + k_off) + size_t(g) * BS * D + c * L::Vn;
+        const KVT* vb = reinterpret_cast<const KVT*>(base + v_off) + size_t(g) * BS * D + c * L::Vn;
+        const int j0 = max(0, first - b * BS), n = min(BS, ctx - b * BS);
+#pragma unroll
+        for (int i = 0; i < NL; ++i) {
+            const int j = i * L::RPL + r;
+            k[i] = j >= j0 && j < n ? *reinterpret_cast<const uint4*>(kb + size_t(j) * D) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int i = 0; i < NL; ++i) {
+            const int j = i * L::RPL + r;
+            v[i] = j >= j0 && j < n ? *reinterpret_cast<const uint4*>(vb + size_t(j) * D) : make_uint4(0, 0, 0, 0);
+        }
+        blk = b;
+    }
+};
+
 // One warp's online softmax over KV blocks blk0, blk0 + stride, ... of kv head g, for the GH query
 // heads at qg [GH][D] (shared or global memory). A lane holds rows i * RPL + lane / LPR (i < NL) of
 // a block. Per block: K and V pieces loaded (all of the block's at once where registers allow,
@@ -240,14 +281,14 @@ template <int GH, int D, int BS, typename KVT>
 __device__ __forceinline__ void warp_attend_vec(int g, int ctx, int first, const int32_t* table, int blk0, int stride,
                                                 const float* qg, const std::byte* kv, int64_t block_bytes, int64_t k_off,
                                                 int64_t v_off, float scale, float softcap, const float* cur_k, const float* cur_v,
-                                                float (&m)[GH], float (&l)[GH], float (&acc)[GH][KvVec<D, KVT>::Vn]) {
+                                                VecAhead<GH, D, BS, KVT>& ahead, float (&m)[GH], float (&l)[GH],
+                                                float (&acc)[GH][KvVec<D, KVT>::Vn]) {
     using L = KvVec<D, KVT>;
     using V = Vec16<KVT>;
     constexpr int Vn = L::Vn, LPR = L::LPR, RPL = L::RPL, NL = BS / RPL;
     static_assert(attend_vec_fits<D, BS, KVT>(), "warp_attend_vec: KV rows do not split into 16-byte pieces over a warp");
-    constexpr int SR = NL < 4 ? NL : 4;  // rows per lane per softmax step
-    // A whole block's K and V pieces ahead (8 registers per row) where that leaves room.
-    constexpr bool kAhead = NL * 8 + GH * (2 * Vn + SR) <= 96;
+    constexpr int SR = vec_step_rows<D, BS, KVT>();
+    constexpr bool kAhead = VecAhead<GH, D, BS, KVT>::on;  // a whole block's pieces loaded at once
     const int lane = threadIdx.x % kWarp, c = lane % LPR, r = lane / LPR;
     float q[GH][Vn];
 #pragma unroll
@@ -279,18 +320,14 @@ __device__ __forceinline__ void warp_attend_vec(int g, int ctx, int first, const
                 for (int e = 0; e < Vn; ++e) f[e] = to_f32(from_f32<KVT>(cur[c * Vn + e]));
             }
         };
-        uint4 kpre[kAhead ? NL : 1], vpre[kAhead ? NL : 1];
         if constexpr (kAhead) {
-#pragma unroll
-            for (int i = 0; i < NL; ++i) kpre[i] = load(kb, i);
-#pragma unroll
-            for (int i = 0; i < NL; ++i) vpre[i] = load(vb, i);
+            if (ahead.blk != blk) ahead.load(g, ctx, first, table, blk, kv, block_bytes, k_off, v_off);
         }
 #pragma unroll
         for (int i0 = 0; i0 < NL; i0 += SR) {
             uint4 kr[SR];
 #pragma unroll
-            for (int ii = 0; ii < SR; ++ii) kr[ii] = kAhead ? kpre[i0 + ii] : load(kb, i0 + ii);
+            for (int ii = 0; ii < SR; ++ii) kr[ii] = kAhead ? ahead.k[i0 + ii] : load(kb, i0 + ii);
             float s[GH][SR];
 #pragma unroll
             for (int ii = 0; ii < SR; ++ii) {
@@ -334,7 +371,7 @@ __device__ __forceinline__ void warp_attend_vec(int g, int ctx, int first, const
             }
             uint4 vr[SR];  // (without kAhead: loaded once the scores are done, to spare registers)
 #pragma unroll
-            for (int ii = 0; ii < SR; ++ii) vr[ii] = kAhead ? vpre[i0 + ii] : load(vb, i0 + ii);
+            for (int ii = 0; ii < SR; ++ii) vr[ii] = kAhead ? ahead.v[i0 + ii] : load(vb, i0 + ii);
 #pragma unroll
             for (int ii = 0; ii < SR; ++ii) {
                 float vf[Vn];
@@ -358,11 +395,12 @@ __device__ __forceinline__ void warp_attend_vec(int g, int ctx, int first, const
 }
 
 // attend_group's work in the vector layout: the block's NW warps over the visible KV blocks, then
-// merge_combine into o [G][D].
+// merge_combine into o [G][D]. ahead: the warp's first block, if the caller loaded it already.
 template <int G, int D, int BS, typename KVT, int NW>
 __device__ __forceinline__ void attend_group_vec(int g, int ctx, int first, const int32_t* table, const float* qg, const std::byte* kv,
                                                  int64_t block_bytes, int64_t k_off, int64_t v_off, float scale, const AttnExtras& x,
-                                                 const float* sinks, const float* cur_k, const float* cur_v, float* o) {
+                                                 const float* sinks, const float* cur_k, const float* cur_v, VecAhead<G, D, BS, KVT>& ahead,
+                                                 float* o) {
     using L = KvVec<D, KVT>;
     constexpr int Vn = L::Vn;
     static_assert(G * D <= 8192, "grouped heads x head_dim too large for one thread block's merge buffer");
@@ -371,7 +409,7 @@ __device__ __forceinline__ void attend_group_vec(int g, int ctx, int first, cons
     const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
     float m[G], l[G], acc[G][Vn];
     warp_attend_vec<G, D, BS, KVT>(g, ctx, first, table, first / BS + warp, NW, qg, kv, block_bytes, k_off, v_off, scale, x.softcap,
-                                   cur_k, cur_v, m, l, acc);
+                                   cur_k, cur_v, ahead, m, l, acc);
     if (lane < L::LPR) {
 #pragma unroll
         for (int h = 0; h < G; ++h) {
@@ -411,8 +449,11 @@ attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const 
     const auto [ctx, first, table] = attn_token(st, t, x);
     const float* qg = q + (size_t(t) * HQ + size_t(g) * G) * D;
     if constexpr (VEC && attend_vec_on<G, D, BS, KVT>())
+    {
+        VecAhead<G, D, BS, KVT> ahead;
         attend_group_vec<G, D, BS, KVT, NW>(g, ctx, first, table, qg, kv, block_bytes, k_off, v_off, scale, x,
-                                            x.sinks ? x.sinks + g * G : nullptr, nullptr, nullptr, o);
+                                            x.sinks ? x.sinks + g * G : nullptr, nullptr, nullptr, ahead, o);
+    }
     else
         attend_group<G, D, BS, KVT, NW>(g, ctx, first, table, qg, kv, block_bytes, k_off, v_off, scale, x, x.sinks ? x.sinks + g * G : nullptr,
                                         o);
@@ -460,11 +501,16 @@ rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, c
     const bool padding = t >= st.header[kHeaderTokens];
     const auto [ctx, first, table] = attn_token(st, t, x);
     const int nblocks = (ctx + BS - 1) / BS;
+    VecAhead<GH, D, BS, KVT> ahead;  // (with kVec: the warp's first KV block, loaded before the wait)
     if (!padding) {
         const float pos = float(ctx - 1);
         for (int i = threadIdx.x; i < kHalf; i += blockDim.x) sincosf(pos * f.inv_freq[i], &sm_sin[i], &sm_cos[i]);
+        const int blk0 = first / BS + warp;
+        if constexpr (kVec && VecAhead<GH, D, BS, KVT>::on) {
+            if (blk0 < nblocks) ahead.load(g, ctx, first, table, blk0, kv, block_bytes, k_off, v_off);
+        }
         constexpr int kRowBytes = BS * D * int(sizeof(KVT));
-        for (int blk = first / BS + warp; blk < nblocks; blk += NW) {
+        for (int blk = blk0 + (ahead.blk >= 0 ? NW : 0); blk < nblocks; blk += NW) {
             const std::byte* base = kv + int64_t(table[blk]) * block_bytes + size_t(g) * kRowBytes;
             for (int off = lane * 32; off < kRowBytes; off += kWarp * 32) {
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(base + k_off + off));
@@ -506,7 +552,7 @@ rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, c
     const float* sinks = x.sinks ? x.sinks + g * G + h0 : nullptr;
     if constexpr (kVec) {
         attend_group_vec<GH, D, BS, KVT, NW>(g, ctx, first, table, &sm_q[0][0], kv, block_bytes, k_off, v_off, scale, x, sinks, sm_q[GH],
-                                             sm_v, o);
+                                             sm_v, ahead, o);
     } else {
         // The block's own global writes are visible to all its threads after the barrier: the key
         // loop then reads this position from the cache like any other.

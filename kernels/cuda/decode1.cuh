@@ -580,8 +580,9 @@ __device__ __forceinline__ void attention(const typename M::Params& p, int ly, f
                 // attend_group_vec's per-warp work, the same arithmetic as the launches take
                 using L = detail::KvVec<D, KVT>;
                 float m[1], l[1], acc[1][L::Vn];
+                detail::VecAhead<1, D, BS, KVT> ahead;
                 detail::warp_attend_vec<1, D, BS, KVT>(g, tk.ctx, tk.first, tk.table, tk.first / BS + vw, NWV, sq, p.kv, p.block_bytes,
-                                                       w.k_off, w.v_off, p.scale, 0.0f, nullptr, nullptr, m, l, acc);
+                                                       w.k_off, w.v_off, p.scale, 0.0f, nullptr, nullptr, ahead, m, l, acc);
                 if (lane < L::LPR) {
 #pragma unroll
                     for (int e = 0; e < L::Vn; ++e) out[lane * L::Vn + e] = acc[0][e];

@@ -6,7 +6,7 @@
 # Per model: a random checkpoint (transformers), `scr quantize`, then `scr cuda-bench` under ncu,
 # profiling the launch after SKIP matching ones (a graph-replayed decode step; clocks as found).
 # Text report in $OUT/ncu_KEY.txt, stall samples per SASS instruction in $OUT/sass_KEY.csv, and a
-# digest of the headline metrics and the 14 hottest instructions on stdout.
+# digest of the headline metrics and the hottest instructions on stdout (ncu_digest, device_lib.sh).
 set -u
 CARRY=${1:-.x8-carry}
 export OUT=${OUT:-/tmp/scr-attn-ncu}
@@ -23,22 +23,7 @@ for m in ${MODELS:-1b 8b}; do
         --clock-control none --set full --import-source no -o "/tmp/scr-attn-ncu-$m" -f \
         $C/scr cuda-bench "$q" --prompt 128 --decode 128 --prefill 0 --batches 1 > "$OUT/ncu_run_$m.txt" 2>&1
     echo "==== $m rc=$?"
-    ncu -i "/tmp/scr-attn-ncu-$m.ncu-rep" --print-details all > "$OUT/ncu_$m.txt" 2>&1
-    ncu -i "/tmp/scr-attn-ncu-$m.ncu-rep" --page source --print-source sass --csv > "$OUT/sass_$m.csv" 2>&1
-    grep -E "Duration|Elapsed Cycles|SM Frequency|Registers Per|Block Size|Grid Size|Warp Cycles Per Issued|Issued Warp Per|Active Warps Per|Executed Instructions  |Stall [A-Z]" "$OUT/ncu_$m.txt" | head -40
-    python3 - "$OUT/sass_$m.csv" <<'PY' || true
-import csv, sys
-rows = list(csv.reader(open(sys.argv[1])))
-hdr = next(r for r in rows if "Address" in r and "Source" in r)
-data = rows[rows.index(hdr) + 1:]
-col = {k: hdr.index(k) for k in ("Address", "Source", "Warp Stall Sampling (All Samples)")}
-num = lambda v: int(v or 0)
-total = sum(num(r[col["Warp Stall Sampling (All Samples)"]]) for r in data)
-print(f"stall samples: {total}; SASS instructions: {len(data)}; the 14 with the most:")
-for r in sorted(data, key=lambda r: -num(r[col["Warp Stall Sampling (All Samples)"]]))[:14]:
-    n = num(r[col["Warp Stall Sampling (All Samples)"]])
-    print(f"  {100.0 * n / max(total, 1):5.1f} %  {r[col['Address']]}  {r[col['Source']].strip()[:90]}")
-PY
+    ncu_digest "/tmp/scr-attn-ncu-$m" "$m"
     rm -rf "$q"
 done
 printf '%s\n' "${summary[@]}"

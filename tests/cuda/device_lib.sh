@@ -8,6 +8,10 @@
 #   make_model KEY                    a random bf16 checkpoint of model KEY (1b = Llama-3.2-1B, 8b =
 #                                     Llama-3.1-8B, 30b = Qwen3-30B-A3B) in /dev/shm/mKEY (sets M),
 #                                     made by $C/scr as step make_random_KEY;
+#   ncu_digest REP KEY                from the Nsight Compute report REP.ncu-rep: the text report in
+#                                     $OUT/ncu_KEY.txt, the stall samples per SASS instruction (ncu's
+#                                     source page as CSV) in $OUT/sass_KEY.csv, and on stdout a digest
+#                                     of the headline metrics and the instructions with the most samples;
 #   make_model_any KEY                make_model, or (a quantized-only scr cannot make a bf16
 #                                     checkpoint) the same random bf16 checkpoint made by transformers
 #                                     with our config.json, as step make_py_KEY (1b / 8b only).
@@ -46,4 +50,23 @@ with torch.device('cuda'):
 m.save_pretrained('$M', safe_serialization=True)
 "
     cp $cfg $M/config.json  # transformers 5 rewrites rope_scaling as rope_parameters; the tensors are the same
+}
+ncu_digest() {
+    local rep=$1 key=$2
+    ncu -i "$rep.ncu-rep" --print-details all > "$OUT/ncu_$key.txt" 2>&1
+    ncu -i "$rep.ncu-rep" --page source --print-source sass --csv > "$OUT/sass_$key.csv" 2>&1
+    grep -E "Duration|Elapsed Cycles|DRAM Throughput|Memory Throughput|L2 Hit|Achieved Occupancy|Registers Per|Block Size|Grid Size|Warp Cycles Per Issued|Issued Warp Per|No Eligible|Active Warps Per|Eligible Warps|Executed Ipc A|Stall [A-Z]|Mem Busy|Max Bandwidth|Executed Instructions  " "$OUT/ncu_$key.txt" | head -60
+    python3 - "$OUT/sass_$key.csv" <<'PY' || true
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+hdr = next(r for r in rows if "Address" in r and "Source" in r)
+data = rows[rows.index(hdr) + 1:]
+col = {k: hdr.index(k) for k in ("Address", "Source", "Warp Stall Sampling (All Samples)", "stall_long_sb")}
+num = lambda v: int(v or 0)
+total = sum(num(r[col["Warp Stall Sampling (All Samples)"]]) for r in data)
+print(f"stall samples: {total}; SASS instructions: {len(data)}; the 12 with the most (share, long-scoreboard samples):")
+for r in sorted(data, key=lambda r: -num(r[col["Warp Stall Sampling (All Samples)"]]))[:12]:
+    n = num(r[col["Warp Stall Sampling (All Samples)"]])
+    print(f"  {100.0 * n / max(total, 1):5.1f} %  lsb {num(r[col['stall_long_sb']]):5d}  {r[col['Source']].strip()[:80]}")
+PY
 }

@@ -6,7 +6,7 @@
 # launch at each shape (its 1-row check, weights cold: ncu flushes the caches) is profiled with
 # --set full; the text report goes to $OUT/ncu_SHAPE.txt, the stall samples per SASS instruction
 # (ncu's source page as CSV) to $OUT/sass_SHAPE.csv, and a digest of the headline metrics and the
-# ten SASS instructions with the most samples to stdout.
+# SASS instructions with the most samples to stdout (ncu_digest, tests/cuda/device_lib.sh).
 set -u
 CARRY=${1:-.tc-carry}
 SHAPES=${2:-14336x4096 4096x14336}
@@ -21,20 +21,5 @@ for s in $SHAPES; do
         --set full --import-source no -o "/tmp/scr-tc1-ncu-$s" -f \
         $C/scr_cuda_quant_gemv --no-bench --formats "${FORMAT:-mlx-int4-g64}" --shapes "$s" > "$OUT/ncu_run_$s.txt" 2>&1
     echo "==== $s rc=$?"
-    ncu -i "/tmp/scr-tc1-ncu-$s.ncu-rep" --print-details all > "$OUT/ncu_$s.txt" 2>&1
-    ncu -i "/tmp/scr-tc1-ncu-$s.ncu-rep" --page source --print-source sass --csv > "$OUT/sass_$s.csv" 2>&1
-    grep -E "Duration|DRAM Throughput|Memory Throughput|L2 Hit|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Issued Warp Per|No Eligible|Active Warps Per|Eligible Warps|Executed Ipc A|Grid Size|Stall [A-Z]|Mem Busy|Max Bandwidth|Executed Instructions  " "$OUT/ncu_$s.txt" | head -60
-    python3 - "$OUT/sass_$s.csv" <<'PY' || true
-import csv, sys
-rows = list(csv.reader(open(sys.argv[1])))
-hdr = next(r for r in rows if "Address" in r and "Source" in r)
-data = rows[rows.index(hdr) + 1:]
-col = {k: hdr.index(k) for k in ("Address", "Source", "Warp Stall Sampling (All Samples)", "stall_long_sb")}
-num = lambda v: int(v or 0)
-total = sum(num(r[col["Warp Stall Sampling (All Samples)"]]) for r in data)
-print(f"stall samples: {total}; the ten SASS instructions with the most (share, long-scoreboard samples):")
-for r in sorted(data, key=lambda r: -num(r[col["Warp Stall Sampling (All Samples)"]]))[:10]:
-    n = num(r[col["Warp Stall Sampling (All Samples)"]])
-    print(f"  {100.0 * n / max(total, 1):5.1f} %  lsb {num(r[col['stall_long_sb']]):5d}  {r[col['Source']].strip()[:80]}")
-PY
+    ncu_digest "/tmp/scr-tc1-ncu-$s" "$s"
 done
