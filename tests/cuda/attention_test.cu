@@ -418,6 +418,11 @@ int main(int argc, char** argv) try {
     failures += run_rope_case<32, 8, 128>("rope decode, 8B heads, 3 sequences + 1 padding row", {15, 16, 260}, 1, 0, st, rng);
     failures += run_rope_case<32, 8, 64>("rope decode, 9 sequences, window 20", {0, 1, 17, 31, 32, 90, 5, 19, 64}, 0, 20, st, rng);
     failures += run_rope_case<4, 2, 16>("rope decode, tiny heads", {3, 40}, 0, 0, st, rng);
+    {  // 33+ rows of one token each: the fused launch's 4-warp blocks (the scalar key loop)
+        std::vector<int> priors;
+        for (int s = 0; s < 40; ++s) priors.push_back((s * 37) % 230);
+        failures += run_rope_case<32, 8, 128>("rope decode, 40 sequences + 2 padding rows", priors, 2, 0, st, rng);
+    }
     std::printf("%s\n", failures ? "FAILED" : "all attention checks passed");
     if (!(argc > 1 && std::strcmp(argv[1], "--no-bench") == 0)) {
         std::printf("\nus per launch (events, mean of 10), 512 rows of one sequence at positions 1,536-2,047:\n");
