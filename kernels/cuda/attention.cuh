@@ -448,15 +448,13 @@ attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const 
     }
     const auto [ctx, first, table] = attn_token(st, t, x);
     const float* qg = q + (size_t(t) * HQ + size_t(g) * G) * D;
-    if constexpr (VEC && attend_vec_on<G, D, BS, KVT>())
-    {
-        VecAhead<G, D, BS, KVT> ahead;
-        attend_group_vec<G, D, BS, KVT, NW>(g, ctx, first, table, qg, kv, block_bytes, k_off, v_off, scale, x,
-                                            x.sinks ? x.sinks + g * G : nullptr, nullptr, nullptr, ahead, o);
+    const float* sinks = x.sinks ? x.sinks + g * G : nullptr;
+    if constexpr (VEC && attend_vec_on<G, D, BS, KVT>()) {
+        VecAhead<G, D, BS, KVT> ahead;  // (empty: the loop loads every block)
+        attend_group_vec<G, D, BS, KVT, NW>(g, ctx, first, table, qg, kv, block_bytes, k_off, v_off, scale, x, sinks, nullptr, nullptr, ahead, o);
+    } else {
+        attend_group<G, D, BS, KVT, NW>(g, ctx, first, table, qg, kv, block_bytes, k_off, v_off, scale, x, sinks, o);
     }
-    else
-        attend_group<G, D, BS, KVT, NW>(g, ctx, first, table, qg, kv, block_bytes, k_off, v_off, scale, x, x.sinks ? x.sinks + g * G : nullptr,
-                                        o);
 }
 
 

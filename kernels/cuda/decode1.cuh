@@ -522,8 +522,9 @@ __device__ __forceinline__ void prefetch_kv(const typename M::Params& p, int ly)
 
 // Decode attention of layer `ly` for the step's one token: rope_attention_kernel's arithmetic
 // (GS = G: one query head's work is the same in any grouping; warp_attend_vec where attend_vec_on,
-// as the launches with SCR_CUDA_ATTN_VEC unset, else attend_group's scalar loop) with its NWV warps over KV blocks
-// spread over VS blocks per head, NWV / VS each, so that 4x more SMs share the latency-bound key
+// as the launches take with SCR_CUDA_ATTN_VEC unset, else a copy of attend_group's scalar loop)
+// with its NWV warps over KV blocks spread over VS blocks per head, NWV / VS each, so that 4x more
+// SMs share the latency-bound key
 // loop. Every block of a head rotates q and k and writes the same K/V row to the slot (the same
 // bits, as the GS split does), reads it back, and writes its warps' (max, sum, weighted V) to
 // `part`; the head's block 0 waits for the others (a counter per head, not a grid barrier), then
