@@ -188,6 +188,9 @@ void print_engine_overhead(const EngineStats& s, double wall) {
                1e3 * s.time_forward_s / steps, 1e6 * overhead / steps,
                100.0 * overhead / std::max(1e-12, overhead + s.time_forward_s), 1e6 * s.time_schedule_s / steps,
                1e6 * s.time_prepare_s / steps, 1e6 * s.time_sample_s / steps, 1e6 * s.time_output_s / steps);
+    if (s.run_ahead_launched > 0)
+        fmt::print("  run-ahead: {} steps launched before the previous step's tokens were back, {} adopted, {} dropped\n",
+                   s.run_ahead_launched, s.run_ahead_adopted, s.run_ahead_dropped);
     (void)wall;
 }
 

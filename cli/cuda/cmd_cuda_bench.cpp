@@ -16,6 +16,7 @@
 #include <chrono>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cli/command.hpp"
@@ -139,8 +140,41 @@ struct BatchRun {
     // One decode step: every sequence feeds one token and gets its logits (or, with `sampled`, its
     // next token drawn greedily on the GPU, as the engine does when every request allows it).
     void decode(const std::vector<int32_t>& ids, int32_t* sampled = nullptr) {
-        std::vector<int32_t> pos(B), qs(B + 1), rows(B), seq_lens(B);
-        std::vector<int64_t> slots(B);
+        const StepBatch& b = decode_batch(ids);
+        if (sampled) {
+            const std::vector<DeviceSamplingRow> greedy(static_cast<size_t>(B));
+            model.forward_sample(b, pool, greedy, sampled);
+        } else {
+            model.forward(b, pool, logits.data());
+        }
+        for (int s = 0; s < B; ++s) ++lens[s];
+    }
+    // `steps` greedy decode steps as the engine's run-ahead runs them (CompiledModel::launch_sample):
+    // step i + 1 is launched before step i's tokens are back and takes them as its input on the
+    // device; the first step feeds `ids`.
+    void decode_ahead(const std::vector<int32_t>& ids, int steps, int32_t* sampled) {
+        const std::vector<DeviceSamplingRow> greedy(static_cast<size_t>(B));
+        for (int i = 0; i < steps; ++i) {
+            model.launch_sample(decode_batch(ids), pool, greedy, /*feed_previous=*/i > 0);
+            for (int s = 0; s < B; ++s) ++lens[s];
+            if (i > 0) model.wait_sample(sampled);
+        }
+        model.wait_sample(sampled);
+    }
+    std::vector<int32_t> d_pos, d_qs, d_rows, d_seq_lens;
+    std::vector<int64_t> d_slots;
+    StepBatch d_batch;
+    const StepBatch& decode_batch(const std::vector<int32_t>& ids) {
+        d_pos.resize(size_t(B));
+        d_qs.resize(size_t(B) + 1);
+        d_rows.resize(size_t(B));
+        d_seq_lens.resize(size_t(B));
+        d_slots.resize(size_t(B));
+        auto& pos = d_pos;
+        auto& qs = d_qs;
+        auto& rows = d_rows;
+        auto& seq_lens = d_seq_lens;
+        auto& slots = d_slots;
         for (int s = 0; s < B; ++s) {
             pos[s] = lens[s];
             slots[s] = slot(s, lens[s]);
@@ -149,7 +183,7 @@ struct BatchRun {
             seq_lens[s] = lens[s] + 1;
         }
         qs[B] = B;
-        StepBatch b;
+        StepBatch& b = d_batch;
         b.num_tokens = B;
         b.token_ids = ids.data();
         b.positions = pos.data();
@@ -161,13 +195,7 @@ struct BatchRun {
         b.block_table_stride = per();
         b.num_logits = B;
         b.logit_rows = rows.data();
-        if (sampled) {
-            const std::vector<DeviceSamplingRow> greedy(static_cast<size_t>(B));
-            model.forward_sample(b, pool, greedy, sampled);
-        } else {
-            model.forward(b, pool, logits.data());
-        }
-        for (int s = 0; s < B; ++s) ++lens[s];
+        return b;
     }
 };
 
@@ -233,9 +261,12 @@ int run_cuda_bench(const CudaBenchArgs& a) {
         std::vector<std::pair<int, double>> batch_tps;
         std::vector<double> batch_gpu_tps;  // the same steps counting only the GPU's time (no logits to the host)
         std::vector<double> batch_sampled_tps;  // the same steps sampling greedily on the GPU (0: not supported)
+        std::vector<double> batch_ahead_tps;    // and launched ahead, each step fed the previous one's tokens on the device
+        std::vector<std::string> step_parts;    // a sampled step's wall time by part
+        const bool run_ahead_default = lm.model->can_run_ahead();
         for (int B : batches) {
             if (B > info.max_logit_rows || B > info.max_batch_tokens) continue;
-            BatchRun br(*lm.model, B, prompt + 2 * batch_steps + 8);  // two timed runs of batch_steps + warm-ups
+            BatchRun br(*lm.model, B, prompt + 5 * batch_steps + 16);  // five timed runs of batch_steps + warm-ups
             std::vector<int32_t> p(ids.begin(), ids.begin() + std::min<int>(prompt, info.max_batch_tokens));
             for (int s = 0; s < B; ++s) br.prefill(s, p);
             std::vector<int32_t> next(static_cast<size_t>(B));
@@ -259,6 +290,44 @@ int run_cuda_bench(const CudaBenchArgs& a) {
                 sampled_tps = double(B) * batch_steps / (ms_since(t1) * 1e-3);
             }
             batch_sampled_tps.push_back(sampled_tps);
+            // And with run-ahead (the engine's default; SCR_CUDA_RUN_AHEAD=0 turns it off there): the
+            // next step is enqueued before this one's tokens are back.
+            double ahead_tps = 0;
+            cm->set_run_ahead(true);
+            if (lm.model->can_run_ahead()) {
+                std::vector<int32_t> out(static_cast<size_t>(B));
+                br.decode_ahead(next, 2, out.data());
+                auto t1 = Clock::now();
+                br.decode_ahead(next, batch_steps, out.data());
+                ahead_tps = double(B) * batch_steps / (ms_since(t1) * 1e-3);
+            }
+            batch_ahead_tps.push_back(ahead_tps);
+            // Where a sampled step's wall time goes (timed separately: the events cost time too).
+            if (lm.model->can_sample_on_device()) {
+                std::vector<int32_t> out(static_cast<size_t>(B));
+                for (bool ahead : {false, true}) {
+                    if (ahead && !lm.model->can_run_ahead()) continue;
+                    cm->set_timing(true);
+                    const auto s0 = cm->stats();
+                    auto t1 = Clock::now();
+                    if (ahead) {
+                        br.decode_ahead(next, batch_steps, out.data());
+                    } else {
+                        for (int i = 0; i < batch_steps; ++i) br.decode(next, out.data());
+                    }
+                    const double wall_us = ms_since(t1) * 1e3 / batch_steps;
+                    cm->set_timing(false);
+                    const auto& s1 = cm->stats();
+                    const double copy = (s1.copy_seconds - s0.copy_seconds) * 1e6 / batch_steps;
+                    const double dev = (s1.device_seconds - s0.device_seconds) * 1e6 / batch_steps;
+                    const double smp = (s1.sample_seconds - s0.sample_seconds) * 1e6 / batch_steps;
+                    step_parts.push_back(fmt::format("decode batch {:>3} step parts, sampling on the GPU{}: wall {:.1f} us = copy "
+                                                     "{:.1f} + kernels {:.1f} + sampler {:.1f} + the rest {:.1f} (CUDA events)",
+                                                     B, ahead ? ", run ahead" : "", wall_us, copy, dev - smp, smp,
+                                                     wall_us - copy - dev));
+                }
+            }
+            cm->set_run_ahead(run_ahead_default);
         }
 
         // ---- Prefill of one long prompt, in compiled-size chunks.
@@ -295,20 +364,23 @@ int run_cuda_bench(const CudaBenchArgs& a) {
                    "logits to the host)\n",
                    device_ms);
         for (size_t i = 0; i < batch_tps.size(); ++i)
-            fmt::print("decode batch {:>3}: {:.0f} tok/s sampling on the GPU; {:.0f} tok/s with B x vocab logits copied to the host "
-                       "({:.0f} tok/s counting only the GPU's time of those steps)\n",
-                       batch_tps[i].first, batch_sampled_tps[i], batch_tps[i].second, batch_gpu_tps[i]);
+            fmt::print("decode batch {:>3}: {:.0f} tok/s sampling on the GPU ({:.0f} run ahead); {:.0f} tok/s with B x vocab logits "
+                       "copied to the host ({:.0f} tok/s counting only the GPU's time of those steps)\n",
+                       batch_tps[i].first, batch_sampled_tps[i], batch_ahead_tps[i], batch_tps[i].second, batch_gpu_tps[i]);
+        for (const std::string& line : step_parts) fmt::print("{}\n", line);
         if (prefill_tps > 0) fmt::print("prefill {} tokens: {:.0f} tok/s\n", prefill_len, prefill_tps);
         fmt::print("graphs captured {} in {:.3f} s total; graph steps {}, eager steps {}\n", st.graphs_captured, st.capture_seconds,
                    st.graph_steps, st.eager_steps);
-        std::string bt;
-        for (size_t i = 0; i < batch_tps.size(); ++i)
+        std::string bt, ba;
+        for (size_t i = 0; i < batch_tps.size(); ++i) {
             bt += fmt::format("{}\"{}\": {:.0f}", bt.empty() ? "" : ", ", batch_tps[i].first,
                               batch_sampled_tps[i] > 0 ? batch_sampled_tps[i] : batch_tps[i].second);
+            ba += fmt::format("{}\"{}\": {:.0f}", ba.empty() ? "" : ", ", batch_tps[i].first, batch_ahead_tps[i]);
+        }
         fmt::print("JSON {{\"model\": \"{}\", \"copy_gbs\": {:.0f}, \"h2d_gbs\": {:.1f}, \"upload_s\": {:.3f}, \"upload_floor_s\": {:.3f}, "
                    "\"first_token_ms\": {:.0f}, \"decode_ms\": {:.4f}, \"decode_device_ms\": {:.4f}, \"floor_ms\": {:.4f}, \"decode_tps\": {:.0f}, \"batch_tps\": {{{}}}, "
-                   "\"prefill_tps\": {:.0f}, \"capture_s\": {:.3f}}}\n",
-                   info.stem, copy_gbs, h2d_gbs, upload_s, upload_floor_s, first_token_ms, warm, device_ms, floor_ms, 1e3 / warm, bt, prefill_tps,
+                   "\"batch_ahead_tps\": {{{}}}, \"prefill_tps\": {:.0f}, \"capture_s\": {:.3f}}}\n",
+                   info.stem, copy_gbs, h2d_gbs, upload_s, upload_floor_s, first_token_ms, warm, device_ms, floor_ms, 1e3 / warm, bt, ba, prefill_tps,
                    st.capture_seconds);
     } catch (const Error& e) {
         fmt::print(stderr, "scr cuda-bench: {}\n", e.what());

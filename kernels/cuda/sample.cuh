@@ -226,7 +226,7 @@ __device__ uint32_t radix_select(const float* row, int vocab, float inv_t, float
 
 __global__ void __launch_bounds__(sample_detail::kThreads)
     sample_rows_kernel(const float* __restrict__ logits, int vocab, const SampleParams* __restrict__ params,
-                       int32_t* __restrict__ tokens, SampleTrace* __restrict__ trace) {
+                       int32_t* __restrict__ tokens, SampleTrace* __restrict__ trace, int32_t* __restrict__ tokens_also = nullptr) {
     using namespace sample_detail;
     __shared__ Shared sh;
     const int r = int(blockIdx.x);
@@ -266,6 +266,7 @@ __global__ void __launch_bounds__(sample_detail::kThreads)
         greedy();
         if (tid == 0) {
             tokens[r] = sh.token;
+            if (tokens_also) tokens_also[r] = sh.token;
             if (trace) trace[r] = SampleTrace{0, sh.token, 0, 0.0f, 1};
         }
         return;
@@ -281,6 +282,7 @@ __global__ void __launch_bounds__(sample_detail::kThreads)
         greedy();
         if (tid == 0) {
             tokens[r] = sh.token;
+            if (tokens_also) tokens_also[r] = sh.token;
             if (trace) trace[r] = SampleTrace{0, sh.token, 0, max_x, 1};
         }
         return;
@@ -331,17 +333,18 @@ __global__ void __launch_bounds__(sample_detail::kThreads)
     if (tid == 0) {
         const int32_t token = sh.token >= 0 ? sh.token : 0;  // z > 0 always holds (the top token is kept)
         tokens[r] = token;
+        if (tokens_also) tokens_also[r] = token;
         if (trace) trace[r] = SampleTrace{keep_lo, token, z, max_x, 0};
     }
 }
 
 #if defined(__CUDACC__)  // (a host-only compile of the kernel, e.g. an emulation, has no launch syntax)
 inline void launch_sample_rows(cudaStream_t stream, const float* logits, int vocab, int rows, const SampleParams* params,
-                               int32_t* tokens, SampleTrace* trace) {
+                               int32_t* tokens, SampleTrace* trace, int32_t* tokens_also = nullptr) {
     if (vocab < 1 || vocab > kSampleMaxVocab) throw std::invalid_argument("sample_rows: vocabulary size out of range");
     if (rows <= 0) return;
     if (!logits || !params || !tokens) throw std::invalid_argument("sample_rows: null pointer");
-    sample_rows_kernel<<<rows, sample_detail::kThreads, 0, stream>>>(logits, vocab, params, tokens, trace);
+    sample_rows_kernel<<<rows, sample_detail::kThreads, 0, stream>>>(logits, vocab, params, tokens, trace, tokens_also);
 }
 #endif
 

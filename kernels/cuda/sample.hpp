@@ -36,10 +36,12 @@ struct SampleTrace {
 };
 
 // tokens[r] for r < rows, from logits[r * vocab ...] (16-byte aligned when vocab % 4 == 0 for the vector
-// path). params and tokens (and trace, when not null) are device pointers. Throws std::invalid_argument
+// path); the same ids to tokens_also[r] when it is not null (the CUDA model's next input ids, for
+// run-ahead). params, tokens, tokens_also and trace (when not null) are device pointers (tokens may be
+// mapped pinned host memory). Throws std::invalid_argument
 // for a vocabulary over kSampleMaxVocab or null pointers. Launched plainly (not as a programmatic
 // dependent), so it is safe after any kernel in the stream.
 void sample_rows(cudaStream_t stream, const float* logits, int vocab, int rows, const SampleParams* params,
-                 int32_t* tokens, SampleTrace* trace = nullptr);
+                 int32_t* tokens, SampleTrace* trace = nullptr, int32_t* tokens_also = nullptr);
 
 }  // namespace scr::kernels::cuda

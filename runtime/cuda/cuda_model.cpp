@@ -45,11 +45,13 @@ struct CudaGeneratedModel::Impl {
     float* logits_dev = nullptr;
     float* logits_host = nullptr;  // pinned
 
-    // Step arrays: one pinned host buffer and its device twin, fixed layout (block tables last, so
-    // a step copies one prefix of it).
-    std::byte* meta_host = nullptr;
+    // Step arrays: pinned host buffers and their device twin, fixed layout (block tables last, so
+    // a step copies one prefix of it). Two host buffers, one per launch slot (below): a step is
+    // packed while the previous one's copy may still be queued.
+    std::byte* meta_host[2] = {nullptr, nullptr};
     std::byte* meta_dev = nullptr;
-    size_t off_header = 0, off_ids = 0, off_pos = 0, off_slots = 0, off_seq = 0, off_logit_rows = 0, off_tables = 0;
+    size_t off_header = 0, off_ids = 0, off_pos = 0, off_slots = 0, off_seq = 0, off_logit_rows = 0, off_params = 0,
+           off_tables = 0;
     size_t meta_bytes = 0;
     int rows_cap = 0;           // most rows a step (or a padded graph step) carries
     int64_t table_cap = 0;      // ints of block table
@@ -67,24 +69,51 @@ struct CudaGeneratedModel::Impl {
         const char* e = std::getenv("SCR_CUDA_PDL");
         return !(e && std::string_view(e) == "0");
     }();
-    cudaEvent_t t_begin = nullptr, t_end = nullptr;
+    // With timing on, per launch slot: before the step's copy, before its kernels, after them (before
+    // the sampler), after the sampler.
+    cudaEvent_t t_copy[2] = {nullptr, nullptr}, t_begin[2] = {nullptr, nullptr}, t_graph[2] = {nullptr, nullptr},
+                t_end[2] = {nullptr, nullptr};
+
+    // Launched steps, waited for in order (launch_sample / wait_sample; forward and forward_sample
+    // launch and wait at once). Step i uses slot i % 2 of every per-launch buffer and event, so at
+    // most two may be pending.
+    struct Launch {
+        int sampled_rows = 0;  // token ids coming back (0: a logits step)
+        int logit_rows = 0;    // rows of logits coming back (a logits step)
+        bool timed = false;
+    };
+    Launch launches[2];
+    cudaEvent_t ready[2] = {nullptr, nullptr};  // after a launch's last copy back
+    int64_t launched = 0, waited = 0;
+    int last_sampled_rows = 0;  // of the latest launch: the token ids a fed step may take
+    bool run_ahead = [] {
+        const char* e = std::getenv("SCR_CUDA_RUN_AHEAD");
+        return !(e && std::string_view(e) == "0");
+    }();
 
     std::vector<int> buckets;  // decode graph batch sizes
     std::map<int, cudaGraphExec_t> graphs;
     Stats stats;
 
-    // Sampling on the GPU (forward_sample): per-row parameters in, token ids out, through pinned
-    // buffers allocated at the first use; `sampling_out` is set only while forward_sample runs.
+    // Sampling on the GPU (forward_sample, launch_sample): per-row parameters in, token ids out,
+    // through pinned buffers (one per launch slot) allocated at the first use.
     bool device_sampling = [] {
         const char* e = std::getenv("SCR_CUDA_DEVICE_SAMPLING");
         return !(e && std::string_view(e) == "0");
     }();
-    kc::SampleParams* sample_params_host = nullptr;
-    kc::SampleParams* sample_params_dev = nullptr;
-    int32_t* sampled_host = nullptr;
-    int32_t* sampled_dev = nullptr;
-    std::span<const DeviceSamplingRow> sampling;
-    int32_t* sampling_out = nullptr;
+    // The sampler's parameters travel in the step arrays (off_params). It writes its tokens straight
+    // into mapped pinned memory (one buffer per launch slot; no copy back) and into the step arrays'
+    // token ids on the device, where a fed step (run-ahead) finds them: each copy is one more
+    // operation in the stream between two steps, and those gaps were most of what the GPU idled.
+    int32_t* sampled_host[2] = {nullptr, nullptr};
+    int32_t* sampled_mapped[2] = {nullptr, nullptr};  // their device addresses
+
+    void ensure_sampling_buffers(int rows_cap);
+    // Packs, copies and launches one step into slot launched % 2; returns nothing until waited.
+    void launch(CudaGeneratedModel& model, const StepBatch& b, KvPool& kv, std::span<const DeviceSamplingRow> sampling,
+                bool feed_previous, bool want_logits);
+    // Waits for the oldest pending launch; its logits (a logits step) or token ids go to the outputs.
+    void wait(const ModelInfo& mi, float* logits, int32_t* token_ids);
 
     void drop_graphs() {
         for (auto& [rows, g] : graphs) cudaGraphExecDestroy(g);
@@ -141,16 +170,22 @@ CudaGeneratedModel::CudaGeneratedModel(const ModelInfo& info, const WeightSet& w
         at += align_up(bytes);
         return o;
     };
+    m.off_ids = section(size_t(m.rows_cap) * 4);  // first: a fed step copies from off_header on
     m.off_header = section(kc::kHeaderInts * 4);
-    m.off_ids = section(size_t(m.rows_cap) * 4);
     m.off_pos = section(size_t(m.rows_cap) * 4);
     m.off_slots = section(size_t(m.rows_cap) * 8);
     m.off_seq = section(size_t(m.rows_cap) * 4);
     m.off_logit_rows = section(size_t(m.rows_cap) * 4);
+    m.off_params = section(size_t(std::max(1, info.max_logit_rows)) * sizeof(kc::SampleParams));
     m.off_tables = section(size_t(m.table_cap) * 4);
     m.meta_bytes = at;
-    SCR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&m.meta_host), m.meta_bytes));
+    for (int i = 0; i < 2; ++i) {
+        SCR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&m.meta_host[i]), m.meta_bytes));
+        SCR_CUDA(cudaEventCreateWithFlags(&m.ready[i], cudaEventDisableTiming));
+    }
     SCR_CUDA(cudaMalloc(reinterpret_cast<void**>(&m.meta_dev), m.meta_bytes));
+    // Zeros: token ids a fed step does not copy (graph padding rows) must be valid ids from the start.
+    SCR_CUDA(cudaMemset(m.meta_dev, 0, m.meta_bytes));
     auto dev = [&](size_t off) { return m.meta_dev + off; };
     m.step.header = reinterpret_cast<const int32_t*>(dev(m.off_header));
     m.step.token_ids = reinterpret_cast<const int32_t*>(dev(m.off_ids));
@@ -168,17 +203,17 @@ CudaGeneratedModel::~CudaGeneratedModel() {
     Impl& m = *impl_;
     if (m.stream) cudaStreamSynchronize(m.stream);
     m.drop_graphs();
-    if (m.t_begin) cudaEventDestroy(m.t_begin);
-    if (m.t_end) cudaEventDestroy(m.t_end);
+    for (int i = 0; i < 2; ++i) {
+        for (cudaEvent_t e : {m.t_copy[i], m.t_begin[i], m.t_graph[i], m.t_end[i]})
+            if (e) cudaEventDestroy(e);
+        if (m.ready[i]) cudaEventDestroy(m.ready[i]);
+        cudaFreeHost(m.meta_host[i]);
+        cudaFreeHost(m.sampled_host[i]);
+    }
     cudaFree(m.kv_dev);
     cudaFree(m.meta_dev);
-    cudaFreeHost(m.meta_host);
     cudaFree(m.logits_dev);
     cudaFreeHost(m.logits_host);
-    cudaFree(m.sample_params_dev);
-    cudaFreeHost(m.sample_params_host);
-    cudaFree(m.sampled_dev);
-    cudaFreeHost(m.sampled_host);
     cudaFree(m.moe_ws);
     cudaFree(m.sync);
     cudaFree(m.scratch);
@@ -191,20 +226,28 @@ const CudaGeneratedModel::Stats& CudaGeneratedModel::stats() const { return impl
 
 void CudaGeneratedModel::set_timing(bool on) {
     Impl& m = *impl_;
-    if (on && !m.t_begin) {
-        SCR_CUDA(cudaEventCreate(&m.t_begin));
-        SCR_CUDA(cudaEventCreate(&m.t_end));
+    if (on && !m.t_begin[0]) {
+        for (int i = 0; i < 2; ++i) {
+            for (cudaEvent_t* e : {&m.t_copy[i], &m.t_begin[i], &m.t_graph[i], &m.t_end[i]}) SCR_CUDA(cudaEventCreate(e));
+        }
     }
     m.timing = on;
 }
 
-void CudaGeneratedModel::forward(const StepBatch& b, KvPool& kv, float* logits) {
-    Impl& m = *impl_;
-    const ModelInfo& mi = info();
-    begin_step(b, kv);  // bounds and consistency, on the host, before anything reaches the GPU
+void CudaGeneratedModel::Impl::launch(CudaGeneratedModel& model, const StepBatch& b, KvPool& kv,
+                                      std::span<const DeviceSamplingRow> sampling, bool feed_previous, bool want_logits) {
+    Impl& m = *this;
+    const ModelInfo& mi = model.info();
+    if (launched - waited >= 2) throw std::logic_error("CUDA model: a third step launched before the first was waited for");
+    model.begin_step(b, kv);  // bounds and consistency, on the host, before anything reaches the GPU
+    const int T = b.num_tokens, S = b.num_seqs, R = b.num_logits;
+    if (feed_previous && (launched == 0 || last_sampled_rows < T))
+        fail("step: {} token ids to take from the previous step, which sampled {}", T, launched == 0 ? 0 : last_sampled_rows);
+    const int slot = int(launched % 2);
 
     // The device KV pool for this KvPool (same blocks, same layout).
     if (kv.data != m.kv_key || kv.num_blocks != m.kv_blocks || !m.kv_dev) {
+        if (launched != waited) throw std::logic_error("CUDA model: the KV pool changed under a pending step");
         SCR_CUDA(cudaStreamSynchronize(m.stream));
         m.drop_graphs();  // they captured the old pool's address
         cudaFree(m.kv_dev);
@@ -225,18 +268,17 @@ void CudaGeneratedModel::forward(const StepBatch& b, KvPool& kv, float* logits) 
 
     // Decode-only steps (one token per sequence, each wanting its logits) run as a graph of the
     // smallest bucket that holds them; padding rows write no KV and attend to nothing.
-    const int T = b.num_tokens, S = b.num_seqs, R = b.num_logits;
     bool decode = T == S && R == T && T <= m.buckets.back();
     for (int r = 0; decode && r < R; ++r) decode = b.logit_rows[r] == r;
     int rows = T, logit_rows = R;
     if (decode) rows = logit_rows = *std::lower_bound(m.buckets.begin(), m.buckets.end(), T);
 
     // Pack the step into the pinned buffer.
-    const kernels::cpu::AttnBatch ab = attn_batch(b);  // seq_of_token, filled by begin_step
+    const kernels::cpu::AttnBatch ab = model.attn_batch(b);  // seq_of_token, filled by begin_step
     int stride = 1;
     for (int s = 0; s < S; ++s) stride = std::max(stride, (b.seq_lens[s] + mi.block_size - 1) / mi.block_size);
     if (int64_t(S) * stride > m.table_cap) fail("step: block tables of {} x {} exceed the compiled bound", S, stride);
-    auto* h = m.meta_host;
+    auto* h = m.meta_host[slot];
     auto* header = reinterpret_cast<int32_t*>(h + m.off_header);
     header[kc::kHeaderTokens] = T;
     header[kc::kHeaderTableStride] = stride;
@@ -266,15 +308,29 @@ void CudaGeneratedModel::forward(const StepBatch& b, KvPool& kv, float* logits) 
         std::memcpy(dst, src, size_t(need) * 4);
         std::fill(dst + need, dst + stride, 0);
     }
-    const size_t copy = m.off_tables + size_t(S) * stride * 4;
-    SCR_CUDA(cudaMemcpyAsync(m.meta_dev, m.meta_host, copy, cudaMemcpyHostToDevice, m.stream));
+    Launch& l = m.launches[slot];
+    l.timed = m.timing;
+    l.sampled_rows = sampling.empty() ? 0 : R;
+    if (l.sampled_rows > 0) {
+        // Rows 0..R-1 of the device logits are the step's real rows (graph padding comes after them).
+        auto* params = reinterpret_cast<kc::SampleParams*>(h + m.off_params);
+        for (int r = 0; r < R; ++r) {
+            const DeviceSamplingRow& s = sampling[size_t(r)];
+            params[r] = kc::SampleParams{s.temperature, s.top_k, s.top_p, s.min_p, s.uniform};
+        }
+    }
+    // One copy per step. Run-ahead: a fed step's token ids are the previous step's draws, which the
+    // sampler left in the device's id rows; the copy starts after them (ids come first in the layout).
+    const size_t copy_end = m.off_tables + size_t(S) * stride * 4, copy_from = feed_previous ? m.off_header : 0;
+    if (l.timed) SCR_CUDA(cudaEventRecord(m.t_copy[slot], m.stream));
+    SCR_CUDA(cudaMemcpyAsync(m.meta_dev + copy_from, h + copy_from, copy_end - copy_from, cudaMemcpyHostToDevice, m.stream));
 
     kc::Ctx ctx;
     ctx.stream = m.stream;
     ctx.step = m.step;
     ctx.pdl = m.pdl;
     ctx.one_token_per_seq = T == S;
-    if (m.timing) SCR_CUDA(cudaEventRecord(m.t_begin, m.stream));
+    if (l.timed) SCR_CUDA(cudaEventRecord(m.t_begin[slot], m.stream));
     if (decode) {
         auto it = m.graphs.find(rows);
         if (it == m.graphs.end()) {
@@ -283,11 +339,11 @@ void CudaGeneratedModel::forward(const StepBatch& b, KvPool& kv, float* logits) 
             // this bucket, its scratch) exists before capture; a launcher that cannot set up inside a
             // capture takes its fallback, which the graph would then keep for good. The step is
             // idempotent (the same K/V rows to the same slots, logits overwritten by the replay).
-            run(ctx, rows, logit_rows, m.kv_dev);
+            model.run(ctx, rows, logit_rows, m.kv_dev);
             check(cudaGetLastError(), "a kernel launch");
             cudaGraph_t graph = nullptr;
             SCR_CUDA(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
-            run(ctx, rows, logit_rows, m.kv_dev);
+            model.run(ctx, rows, logit_rows, m.kv_dev);
             const cudaError_t launch = cudaGetLastError();
             SCR_CUDA(cudaStreamEndCapture(m.stream, &graph));
             check(launch, "a kernel launch during graph capture");
@@ -302,69 +358,105 @@ void CudaGeneratedModel::forward(const StepBatch& b, KvPool& kv, float* logits) 
         SCR_CUDA(cudaGraphLaunch(it->second, m.stream));
         ++m.stats.graph_steps;
     } else {
-        run(ctx, rows, logit_rows, m.kv_dev);
+        model.run(ctx, rows, logit_rows, m.kv_dev);
         check(cudaGetLastError(), "a kernel launch");
         ++m.stats.eager_steps;
     }
-    if (m.sampling_out && R > 0) {
-        // forward_sample: rows 0..R-1 of the device logits are the step's real rows (graph padding
-        // comes after them); the sampler runs after the step's kernels and only token ids come back.
-        for (int r = 0; r < R; ++r) {
-            const DeviceSamplingRow& s = m.sampling[size_t(r)];
-            m.sample_params_host[r] = kc::SampleParams{s.temperature, s.top_k, s.top_p, s.min_p, s.uniform};
-        }
-        SCR_CUDA(cudaMemcpyAsync(m.sample_params_dev, m.sample_params_host, size_t(R) * sizeof(kc::SampleParams),
-                                 cudaMemcpyHostToDevice, m.stream));
-        kc::sample_rows(m.stream, m.logits_dev, mi.vocab_size, R, m.sample_params_dev, m.sampled_dev);
+    if (l.timed) SCR_CUDA(cudaEventRecord(m.t_graph[slot], m.stream));
+    if (l.sampled_rows > 0) {
+        // The sampler after the step's kernels: tokens to the mapped host buffer and to the id rows.
+        kc::sample_rows(m.stream, m.logits_dev, mi.vocab_size, R, reinterpret_cast<const kc::SampleParams*>(m.meta_dev + m.off_params),
+                        m.sampled_mapped[slot], nullptr, reinterpret_cast<int32_t*>(m.meta_dev + m.off_ids));
         check(cudaGetLastError(), "the sampling kernel launch");
-        SCR_CUDA(cudaMemcpyAsync(m.sampled_host, m.sampled_dev, size_t(R) * 4, cudaMemcpyDeviceToHost, m.stream));
     }
-    if (m.timing) SCR_CUDA(cudaEventRecord(m.t_end, m.stream));
-    const size_t vocab = size_t(mi.vocab_size);
-    if (R > 0 && logits)
-        SCR_CUDA(cudaMemcpyAsync(m.logits_host, m.logits_dev, size_t(R) * vocab * 4, cudaMemcpyDeviceToHost, m.stream));
-    SCR_CUDA(cudaStreamSynchronize(m.stream));
-    if (R > 0 && logits) std::memcpy(logits, m.logits_host, size_t(R) * vocab * 4);
-    if (m.sampling_out && R > 0) {
-        std::memcpy(m.sampling_out, m.sampled_host, size_t(R) * 4);
-        m.stats.device_sampled_rows += R;
+    if (l.timed) SCR_CUDA(cudaEventRecord(m.t_end[slot], m.stream));
+    // Logits come back through one pinned buffer: forward() waits for its step at once, so no two
+    // pending steps share it.
+    l.logit_rows = want_logits ? R : 0;
+    if (l.logit_rows > 0)
+        SCR_CUDA(cudaMemcpyAsync(m.logits_host, m.logits_dev, size_t(R) * size_t(mi.vocab_size) * 4, cudaMemcpyDeviceToHost,
+                                 m.stream));
+    SCR_CUDA(cudaEventRecord(m.ready[slot], m.stream));
+    m.last_sampled_rows = l.sampled_rows;
+    ++m.launched;
+}
+
+void CudaGeneratedModel::Impl::wait(const ModelInfo& mi, float* logits, int32_t* token_ids) {
+    Impl& m = *this;
+    if (m.waited == m.launched) throw std::logic_error("CUDA model: waited for a step that was not launched");
+    const int slot = int(m.waited % 2);
+    Launch& l = m.launches[slot];
+    SCR_CUDA(cudaEventSynchronize(m.ready[slot]));
+    ++m.waited;
+    if (l.logit_rows > 0 && logits)
+        std::memcpy(logits, m.logits_host, size_t(l.logit_rows) * size_t(mi.vocab_size) * 4);
+    if (l.sampled_rows > 0 && token_ids) {
+        std::memcpy(token_ids, m.sampled_host[slot], size_t(l.sampled_rows) * 4);
+        m.stats.device_sampled_rows += l.sampled_rows;
     }
-    if (m.timing) {
-        float ms = 0;
-        SCR_CUDA(cudaEventElapsedTime(&ms, m.t_begin, m.t_end));
-        m.stats.device_seconds += ms * 1e-3;
+    if (l.timed) {
+        float copy = 0, all = 0, sample = 0;
+        SCR_CUDA(cudaEventElapsedTime(&copy, m.t_copy[slot], m.t_begin[slot]));
+        SCR_CUDA(cudaEventElapsedTime(&all, m.t_begin[slot], m.t_end[slot]));
+        SCR_CUDA(cudaEventElapsedTime(&sample, m.t_graph[slot], m.t_end[slot]));
+        m.stats.copy_seconds += copy * 1e-3;
+        m.stats.device_seconds += all * 1e-3;
+        m.stats.sample_seconds += sample * 1e-3;
         ++m.stats.timed_steps;
     }
+}
+
+void CudaGeneratedModel::Impl::ensure_sampling_buffers(int rows_cap) {
+    if (sampled_host[0]) return;
+    const size_t rows = size_t(std::max(1, rows_cap));
+    for (int i = 0; i < 2; ++i) {
+        SCR_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&sampled_host[i]), rows * 4, cudaHostAllocMapped));
+        SCR_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&sampled_mapped[i]), sampled_host[i], 0));
+    }
+}
+
+void CudaGeneratedModel::forward(const StepBatch& b, KvPool& kv, float* logits) {
+    Impl& m = *impl_;
+    if (m.launched != m.waited) throw std::logic_error("CudaGeneratedModel::forward with a launched step not waited for");
+    m.launch(*this, b, kv, {}, /*feed_previous=*/false, /*want_logits=*/logits != nullptr);
+    m.wait(info(), logits, nullptr);
 }
 
 bool CudaGeneratedModel::can_sample_on_device() const { return impl_->device_sampling; }
 
 void CudaGeneratedModel::set_device_sampling(bool on) { impl_->device_sampling = on; }
 
+bool CudaGeneratedModel::can_run_ahead() const { return impl_->device_sampling && impl_->run_ahead; }
+
+void CudaGeneratedModel::set_run_ahead(bool on) { impl_->run_ahead = on; }
+
+namespace {
+void check_sampling_rows(const StepBatch& b, std::span<const DeviceSamplingRow> sampling, bool have_output) {
+    if (b.num_logits > 0 && (!have_output || sampling.size() < size_t(b.num_logits)))
+        fail("forward_sample: {} logit rows but {} sampling rows{}", b.num_logits, sampling.size(),
+             have_output ? "" : " and no output");
+}
+}  // namespace
+
 void CudaGeneratedModel::forward_sample(const StepBatch& b, KvPool& kv, std::span<const DeviceSamplingRow> sampling,
                                         int32_t* token_ids) {
     Impl& m = *impl_;
-    const ModelInfo& mi = info();
-    if (b.num_logits > 0 && (!token_ids || sampling.size() < size_t(b.num_logits)))
-        fail("forward_sample: {} logit rows but {} sampling rows{}", b.num_logits, sampling.size(),
-             token_ids ? "" : " and no output");
-    if (!m.sample_params_host) {
-        const size_t rows = size_t(std::max(1, mi.max_logit_rows));
-        SCR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&m.sample_params_host), rows * sizeof(kc::SampleParams)));
-        SCR_CUDA(cudaMalloc(reinterpret_cast<void**>(&m.sample_params_dev), rows * sizeof(kc::SampleParams)));
-        SCR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&m.sampled_host), rows * 4));
-        SCR_CUDA(cudaMalloc(reinterpret_cast<void**>(&m.sampled_dev), rows * 4));
-    }
-    m.sampling = sampling;
-    m.sampling_out = token_ids;
-    struct Reset {
-        Impl& m;
-        ~Reset() {
-            m.sampling = {};
-            m.sampling_out = nullptr;
-        }
-    } reset{m};
-    forward(b, kv, nullptr);
+    check_sampling_rows(b, sampling, token_ids != nullptr);
+    if (m.launched != m.waited) throw std::logic_error("CudaGeneratedModel::forward_sample with a launched step not waited for");
+    m.ensure_sampling_buffers(info().max_logit_rows);
+    m.launch(*this, b, kv, sampling.first(size_t(b.num_logits)), /*feed_previous=*/false, /*want_logits=*/false);
+    m.wait(info(), nullptr, token_ids);
 }
+
+void CudaGeneratedModel::launch_sample(const StepBatch& b, KvPool& kv, std::span<const DeviceSamplingRow> sampling,
+                                       bool feed_previous) {
+    Impl& m = *impl_;
+    check_sampling_rows(b, sampling, true);
+    if (b.num_logits < 1) fail("launch_sample: a step with no logit rows samples nothing");
+    m.ensure_sampling_buffers(info().max_logit_rows);
+    m.launch(*this, b, kv, sampling.first(size_t(b.num_logits)), feed_previous, /*want_logits=*/false);
+}
+
+void CudaGeneratedModel::wait_sample(int32_t* token_ids) { impl_->wait(info(), nullptr, token_ids); }
 
 }  // namespace scr

@@ -35,6 +35,13 @@ public:
     void forward_sample(const StepBatch& batch, KvPool& kv, std::span<const DeviceSamplingRow> sampling,
                         int32_t* token_ids) final;
     void set_device_sampling(bool on);
+    // Run-ahead (CompiledModel::launch_sample): with device sampling, unless SCR_CUDA_RUN_AHEAD=0 or
+    // set_run_ahead(false). Two launch slots of pinned buffers and events; one device stream.
+    bool can_run_ahead() const final;
+    void launch_sample(const StepBatch& batch, KvPool& kv, std::span<const DeviceSamplingRow> sampling,
+                       bool feed_previous) final;
+    void wait_sample(int32_t* token_ids) final;
+    void set_run_ahead(bool on);
 
     struct Stats {
         double upload_seconds = 0;   // weights to the GPU, in the constructor
@@ -44,7 +51,9 @@ public:
         int graphs_captured = 0;
         double capture_seconds = 0;  // all graph captures so far
         int64_t graph_steps = 0, eager_steps = 0;
-        double device_seconds = 0;   // with timing on: the steps' kernels, by CUDA events
+        double device_seconds = 0;   // with timing on: the steps' kernels and sampler, by CUDA events
+        double sample_seconds = 0;   // with timing on: of which the sampler
+        double copy_seconds = 0;     // with timing on: the steps' host-to-device copies (arrays, parameters)
         int64_t timed_steps = 0;
         int64_t device_sampled_rows = 0;  // rows sampled on the GPU (forward_sample)
     };

@@ -5,8 +5,8 @@
 namespace scr::kernels::cuda {
 
 void sample_rows(cudaStream_t stream, const float* logits, int vocab, int rows, const SampleParams* params, int32_t* tokens,
-                 SampleTrace* trace) {
-    launch_sample_rows(stream, logits, vocab, rows, params, tokens, trace);
+                 SampleTrace* trace, int32_t* tokens_also) {
+    launch_sample_rows(stream, logits, vocab, rows, params, tokens, trace, tokens_also);
 }
 
 }  // namespace scr::kernels::cuda

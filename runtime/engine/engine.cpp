@@ -89,6 +89,9 @@ struct Engine::Impl {
     std::mt19937_64 seed_source{std::random_device{}()};
 
     Impl(CompiledModel& m, const text::Tokenizer* tok, EngineConfig cfg);
+    ~Impl() {
+        if (runner) runner->recover();  // the model outlives the engine: leave nothing pending on it
+    }
     void validate(const Request& r) const;
     void add_request(Request r, OutputCallback cb);
     bool abort(const std::string& id);
@@ -96,6 +99,12 @@ struct Engine::Impl {
     void emit_token(EngineSeq& s, int32_t token);
     void emit_final(EngineSeq& s, FinishReason reason, const std::string& error);
     void retire_if_done(RequestGroup* g, bool aborted = false);
+    void drop_ahead() {
+        if (!runner->has_ahead()) return;
+        runner->drop_ahead();
+        ++stats.run_ahead_dropped;
+    }
+    static Rng& rng_of(Sequence& s) { return static_cast<EngineSeq&>(s).rng; }
 };
 
 Engine::Impl::Impl(CompiledModel& m, const text::Tokenizer* tok, EngineConfig cfg)
@@ -332,6 +341,8 @@ void Engine::Impl::retire_if_done(RequestGroup* g, bool aborted) {
 bool Engine::Impl::abort(const std::string& id) {
     auto it = groups.find(id);
     if (it == groups.end()) return false;
+    // Outside a step the aborted sequences are freed at once; the step launched ahead may carry them.
+    if (!in_step) drop_ahead();
     RequestGroup* g = it->second.get();
     for (auto& s : g->samples) {
         if (s->done) continue;
@@ -352,17 +363,34 @@ bool Engine::Impl::step() {
     const SchedulerOutput& out = scheduler->schedule();
     const double t1 = now_seconds();
     stats.time_schedule_s += t1 - t0;
-    if (out.empty()) return false;
+    if (out.empty()) {
+        drop_ahead();
+        return false;
+    }
     ++stats.steps;
 
     runner->prepare(out, info.block_size);
+    // The step launched ahead by the previous one, if this schedule is that step; else it is dropped.
+    const bool adopt = runner->has_ahead() && runner->ahead_matches(out);
+    if (!adopt) drop_ahead();
     // Sampling on the model's device when it can and every row allows it (only token ids come back).
-    const bool device_sampled =
-        runner->plan_device_sampling(out, [](Sequence& s) -> Rng& { return static_cast<EngineSeq&>(s).rng; });
+    const bool device_sampled = adopt || runner->plan_device_sampling(out, rng_of);
     const double t2 = now_seconds();
     try {
-        runner->execute(kv_memory->pool());
+        if (adopt) {
+            runner->adopt_ahead();
+            ++stats.run_ahead_adopted;
+        } else {
+            runner->launch(kv_memory->pool());
+        }
+        // While this step runs on the device, enqueue the next one as it will most likely be.
+        if (config.run_ahead &&
+            runner->launch_ahead(out, kv_memory->pool(), info.block_size, config.max_model_len,
+                                 scheduler->num_waiting() > 0, rng_of))
+            ++stats.run_ahead_launched;
+        runner->finish();
     } catch (const std::exception& e) {
+        runner->recover();  // nothing of this step, or of the one launched ahead, stays pending
         // The forward failed: fail what it carried, keep serving the rest.
         const std::string msg = std::string("forward failed: ") + e.what();
         for (const ScheduledSeq& sch : out.seqs) {
@@ -395,6 +423,14 @@ bool Engine::Impl::step() {
         auto& s = static_cast<EngineSeq&>(*out.seqs[i].seq);
         if (sampled[i] >= 0 && !s.done) emit_token(s, sampled[i]);
     }
+    // A sequence that ended (EOS, a stop string, an abort from a callback) is freed at the end of
+    // this step: the step launched ahead carries it, so it goes now, while its sequences exist.
+    if (runner->has_ahead())
+        for (const ScheduledSeq& sch : out.seqs)
+            if (is_finished(sch.seq->status)) {
+                drop_ahead();
+                break;
+            }
     for (const ScheduledSeq& sch : out.seqs) retire_if_done(static_cast<EngineSeq&>(*sch.seq).group);
     const double t5 = now_seconds();
 

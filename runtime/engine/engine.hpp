@@ -52,6 +52,10 @@ struct EngineConfig {
     bool enable_chunked_prefill = true;
     enum class Policy { fcfs, priority } policy = Policy::fcfs;
     double kv_cache_fraction = 0.25;    // of MemAvailable, when kv_cache_bytes is 0
+    // Run-ahead (vLLM's async scheduling): when the model samples on an asynchronous device
+    // (CompiledModel::can_run_ahead), a decode step's successor is enqueued before the step's tokens
+    // are back, and adopted when the next schedule is that step (ModelRunner::launch_ahead).
+    bool run_ahead = true;
 };
 
 struct Request {
@@ -102,6 +106,9 @@ struct EngineStats {
            time_output_s = 0;
     int64_t forward_tokens = 0;         // tokens computed by forwards (prefill chunks + decodes)
     int64_t prompt_tokens_computed = 0; // prompt tokens actually run through the model
+    // Run-ahead: steps launched ahead, adopted by the next schedule, and dropped (a sequence ended
+    // by EOS or a stop string, a request arrived or was aborted, a preemption).
+    int64_t run_ahead_launched = 0, run_ahead_adopted = 0, run_ahead_dropped = 0;
 };
 
 class Engine {

@@ -25,7 +25,42 @@ public:
     // its uniform from its sequence's generator (rng_of), as Sampler::sample would: one draw per
     // token either way, so a seeded request sees the same stream on both paths.
     bool plan_device_sampling(const SchedulerOutput& out, Rng& (*rng_of)(Sequence&));
-    void execute(KvPool& kv);
+    // Runs the prepared step: launch() starts it, finish() waits until its tokens or logits are
+    // back; execute() is both. A device-sampled step on a model that can run ahead is only
+    // enqueued by launch(); anything else runs to completion in launch().
+    void execute(KvPool& kv) {
+        launch(kv);
+        finish();
+    }
+    void launch(KvPool& kv);
+    void finish();
+
+    // ---- Run-ahead (vLLM's async scheduling: vllm/v1/core/sched/async_scheduler.py, with the
+    // worker feeding the previous step's sampled ids on the device). Between launch() and finish()
+    // of step n the engine may enqueue step n + 1 as the schedule will most likely be: every
+    // sequence of step n decodes one more token at its next position, its id the one step n draws
+    // on the device. The host's work between steps then overlaps the device's. The next schedule
+    // adopts it when it is exactly that step (ahead_matches), and drops it otherwise.
+    //
+    // launch_ahead launches it when the model can run ahead, step n samples every sequence on the
+    // device, each continues (its draw cannot end it by length; its next position's block is
+    // allocated; the device can still sample it) and `more_work_waiting` is false. Non-greedy rows
+    // draw their uniforms now, in the order the step would; drop_ahead puts the generators back.
+    bool launch_ahead(const SchedulerOutput& out, KvPool& kv, int block_size, int max_model_len, bool more_work_waiting,
+                      Rng& (*rng_of)(Sequence&));
+    bool has_ahead() const { return has_ahead_; }
+    // Whether `out`, the next schedule, is the step launched ahead: the same sequences in the same
+    // order, one token each at the predicted position, the same block tables.
+    bool ahead_matches(const SchedulerOutput& out) const;
+    // After prepare(out) for a matching `out`: the step launched ahead becomes the current step
+    // (sampled on the device; finish() waits for it). No plan_device_sampling: its draws are made.
+    void adopt_ahead();
+    // Waits for the step launched ahead, discards its tokens and restores its sequences'
+    // generators. Every sequence it carries must still exist.
+    void drop_ahead();
+    // After a failure: waits for whatever this runner launched (current step, step ahead), errors
+    // ignored, so that the model has nothing pending.
+    void recover() noexcept;
     bool sampled_on_device() const { return device_sampling_; }
     // With sampled_on_device(): the token drawn for scheduled sequence i (-1 if it has no logit row).
     int32_t device_token_of(size_t scheduled_index) const {
@@ -51,8 +86,26 @@ private:
     std::vector<int> row_of_seq_;
     std::vector<float> logits_;
     bool device_sampling_ = false;  // this step: forward_sample instead of forward
+    bool launched_async_ = false;   // this step was enqueued (launch_sample); finish() waits for it
     std::vector<DeviceSamplingRow> device_rows_;
     std::vector<int32_t> device_tokens_;
+
+    // The step launched ahead: its batch (token ids fed on the device) and what it assumed.
+    struct AheadSeq {
+        Sequence* seq;
+        int position;
+        Rng rng_before;  // the generator before this step's draw
+    };
+    bool has_ahead_ = false;
+    int batch_block_size_ = 1;
+    Rng& (*rng_of_)(Sequence&) = nullptr;
+    StepBatch ahead_batch_;
+    std::vector<int32_t> ahead_ids_, ahead_positions_, ahead_query_start_, ahead_seq_lens_, ahead_block_tables_,
+        ahead_logit_rows_;
+    std::vector<int64_t> ahead_slot_mapping_;
+    std::vector<DeviceSamplingRow> ahead_rows_;
+    std::vector<AheadSeq> ahead_seqs_;
+    std::vector<int32_t> dropped_tokens_;
 };
 
 }  // namespace scr::engine

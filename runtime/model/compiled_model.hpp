@@ -135,6 +135,25 @@ public:
         (void)batch, (void)kv, (void)sampling, (void)token_ids;
         throw std::logic_error("forward_sample called on a model that cannot sample on its device");
     }
+
+    // Optional, for models that sample on an asynchronous device: the engine's run-ahead (vLLM's
+    // async scheduling) enqueues step n + 1 before step n's tokens are back, so the host's work
+    // between steps hides behind the device's. launch_sample enqueues forward_sample's work and
+    // returns (the batch and the sampling rows are copied before it returns); wait_sample blocks
+    // until the oldest launched step's tokens are in token_ids ([num_logits] of that step). With
+    // feed_previous, token row r (r < batch.num_tokens) takes its id from row r of the previous
+    // launched step's sampled tokens, on the device, instead of batch.token_ids[r]. At most two
+    // launched steps are waited for at a time; forward() and forward_sample() need none pending.
+    virtual bool can_run_ahead() const { return false; }
+    virtual void launch_sample(const StepBatch& batch, KvPool& kv, std::span<const DeviceSamplingRow> sampling,
+                               bool feed_previous) {
+        (void)batch, (void)kv, (void)sampling, (void)feed_previous;
+        throw std::logic_error("launch_sample called on a model that cannot run ahead");
+    }
+    virtual void wait_sample(int32_t* token_ids) {
+        (void)token_ids;
+        throw std::logic_error("wait_sample called on a model that cannot run ahead");
+    }
 };
 
 using ModelFactory = std::unique_ptr<CompiledModel> (*)(const WeightSet&, ThreadPool&);

@@ -305,17 +305,21 @@ struct EngineRun {
     std::map<std::string, std::vector<int32_t>> tokens;
     std::map<std::string, size_t> logprobs;  // logprob entries received
     int64_t sampled = 0, device_rows = 0;
+    int64_t ahead_adopted = 0, ahead_dropped = 0;
 };
 
-EngineRun run_engine(CudaGeneratedModel& m, bool device, const std::vector<Request>& requests) {
+// late > 0: the last request arrives after `late` steps instead of with the others.
+EngineRun run_engine(CudaGeneratedModel& m, bool device, const std::vector<Request>& requests, bool run_ahead = false,
+                     int late = 0) {
     m.set_device_sampling(device);
+    m.set_run_ahead(run_ahead);
     const int64_t before = m.stats().device_sampled_rows;
     EngineConfig cfg;
     cfg.max_num_batched_tokens = 8;  // chunked prefill mixed with decodes, then decode graphs
     cfg.kv_cache_bytes = 64 * m.info().kv_bytes_per_block;
     Engine engine(m, nullptr, cfg);
     EngineRun run;
-    for (const Request& r : requests)
+    auto add = [&](const Request& r) {
         engine.add_request(r, [&](const RequestOutput& o) {
             const std::string key = o.request_id + "#" + std::to_string(o.index);  // n > 1: one entry per sample
             auto& v = run.tokens[key];
@@ -323,8 +327,21 @@ EngineRun run_engine(CudaGeneratedModel& m, bool device, const std::vector<Reque
             run.logprobs[key] += o.logprobs.size();
             run.sampled += int64_t(o.new_token_ids.size());
         });
-    while (engine.has_unfinished()) engine.step();
+    };
+    const size_t now = late > 0 && !requests.empty() ? requests.size() - 1 : requests.size();
+    for (size_t i = 0; i < now; ++i) add(requests[i]);
+    bool pending = now < requests.size();
+    for (int steps = 0; engine.has_unfinished() || pending; ++steps) {
+        if (pending && (steps >= late || !engine.has_unfinished())) {
+            add(requests.back());
+            pending = false;
+        }
+        engine.step();
+    }
     run.device_rows = m.stats().device_sampled_rows - before;
+    run.ahead_adopted = engine.stats().run_ahead_adopted;
+    run.ahead_dropped = engine.stats().run_ahead_dropped;
+    m.set_run_ahead(false);
     return run;
 }
 
@@ -404,6 +421,116 @@ TEST(CudaSampling, UnsupportedParametersFallBackToTheCpuSampler) {
     const EngineRun b = run_engine(*m, false, {late_min_tokens});
     EXPECT_EQ(a.tokens, b.tokens);
     EXPECT_EQ(a.device_rows, a.sampled - 4);
+}
+
+// Run-ahead (the engine enqueues step n + 1 before step n's tokens are back; its token ids are step
+// n's draws, copied on the device): the same tokens as without it, for greedy and seeded requests,
+// with steps really adopted (and dropped where requests end or arrive).
+TEST(CudaRunAhead, EngineGivesTheSameTokensAsWithout) {
+    REQUIRE_GPU();
+    for (const char* quant : {"f32", "bf16"}) {
+        auto lm = load_model((kFixtures / "LlamaForCausalLM").string(), LoadOptions{.quant = quant, .load_text = false});
+        auto* m = dynamic_cast<CudaGeneratedModel*>(lm.model.get());
+        ASSERT_NE(m, nullptr);
+        auto requests = sampling_requests();
+        for (size_t i = 0; i < requests.size(); ++i) requests[i].params.max_tokens = 9 + int(i) * 3;  // staggered ends
+        // Ends by length are foreseen (no step is launched ahead past them); a request arriving is
+        // not: a step launched ahead is then dropped. The last request arrives after `late` steps,
+        // the first `late` from 12 at which a step launched ahead is pending (the schedule, hence
+        // which steps run ahead, does not depend on run-ahead itself).
+        EngineRun ahead;
+        int late = 12;
+        for (; late < 60; ++late) {
+            ahead = run_engine(*m, true, requests, /*run_ahead=*/true, late);
+            if (ahead.ahead_dropped > 0) break;
+        }
+        const EngineRun sync = run_engine(*m, true, requests, /*run_ahead=*/false, late);
+        EXPECT_EQ(sync.ahead_adopted, 0);
+        EXPECT_GT(ahead.ahead_adopted, 10) << quant;
+        EXPECT_GT(ahead.ahead_dropped, 0) << quant;
+        EXPECT_EQ(sync.device_rows, sync.sampled) << quant;
+        EXPECT_GT(ahead.device_rows, ahead.sampled) << quant;  // a dropped step's rows were sampled too
+        EXPECT_EQ(ahead.tokens, sync.tokens) << quant;
+    }
+}
+
+// The model's launch_sample chain on its own: 24 greedy steps of one sequence, each fed the
+// previous step's draw on the device, against forward_sample fed from the host.
+TEST(CudaRunAhead, FedStepsEqualHostFedSteps) {
+    REQUIRE_GPU();
+    auto lm = load_model((kFixtures / "LlamaForCausalLM").string(), LoadOptions{.quant = "bf16", .load_text = false});
+    auto* m = dynamic_cast<CudaGeneratedModel*>(lm.model.get());
+    ASSERT_NE(m, nullptr);
+    m->set_run_ahead(true);
+    ASSERT_TRUE(m->can_run_ahead() || std::getenv("SCR_CUDA_DEVICE_SAMPLING"));
+    const ModelInfo& info = m->info();
+    const int steps = 24, prompt = 5, bs = info.block_size;
+    const int blocks = (prompt + steps + bs) / bs + 1;
+    auto run = [&](bool fed) {
+        std::vector<std::byte> anchor(64);
+        KvPool pool{anchor.data(), blocks + 1};
+        std::vector<int32_t> table(static_cast<size_t>(blocks));
+        for (int i = 0; i < blocks; ++i) table[size_t(i)] = i + 1;
+        const std::vector<DeviceSamplingRow> greedy(1);
+        std::vector<int32_t> out;
+        auto step = [&](const std::vector<int32_t>& ids, int start, bool feed) {
+            const int n = int(ids.size());
+            std::vector<int32_t> pos(static_cast<size_t>(n));
+            std::vector<int64_t> slots(static_cast<size_t>(n));
+            for (int i = 0; i < n; ++i) {
+                pos[size_t(i)] = start + i;
+                slots[size_t(i)] = int64_t(table[size_t((start + i) / bs)]) * bs + (start + i) % bs;
+            }
+            int32_t qs[2] = {0, n}, len = start + n, row = n - 1;
+            StepBatch b;
+            b.num_tokens = n;
+            b.token_ids = ids.data();
+            b.positions = pos.data();
+            b.slot_mapping = slots.data();
+            b.num_seqs = 1;
+            b.query_start = qs;
+            b.seq_lens = &len;
+            b.block_tables = table.data();
+            b.block_table_stride = blocks;
+            b.num_logits = 1;
+            b.logit_rows = &row;
+            int32_t tok = -1;
+            if (!fed) {
+                m->forward_sample(b, pool, greedy, &tok);
+                out.push_back(tok);
+            } else {
+                m->launch_sample(b, pool, greedy, feed);
+            }
+        };
+        step({11, 22, 33, 44, 55}, 0, false);
+        if (!fed) {
+            for (int i = 0; i < steps; ++i) step({out.back()}, prompt + i, false);
+        } else {
+            // Launch i + 1 (fed on the device; the host's id 0 is not used) before waiting for i.
+            for (int i = 0; i < steps; ++i) {
+                step({0}, prompt + i, true);
+                int32_t tok = -1;
+                m->wait_sample(&tok);
+                out.push_back(tok);
+            }
+            int32_t tok = -1;
+            m->wait_sample(&tok);
+            out.push_back(tok);
+        }
+        return out;
+    };
+    const auto host_fed = run(false);
+    const auto device_fed = run(true);
+    ASSERT_EQ(host_fed.size(), size_t(steps + 1));
+    EXPECT_EQ(device_fed, host_fed);
+    // Misuse is an error naming the problem, and the model still works afterwards.
+    EXPECT_THROW(
+        {
+            int32_t tok;
+            m->wait_sample(&tok);
+        },
+        std::logic_error);
+    EXPECT_EQ(run(false), host_fed);
 }
 
 TEST(CudaErrors, BadStepIsAnErrorAndTheModelStillWorks) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -84,6 +85,12 @@ public:
     }
 
     void forward(const StepBatch& b, KvPool& kv, float* logits) override {
+        if (!pending_.empty()) fail("forward with a launched step not waited for");
+        compute(b, kv, logits);
+    }
+
+    // One step: K/V cells written, logits of the logit rows.
+    void compute(const StepBatch& b, KvPool& kv, float* logits) {
         ++forwards;
         if (fail_next) { fail_next = false; throw std::runtime_error("injected forward failure"); }
         const int bs = shape_.block_size;
@@ -127,12 +134,76 @@ public:
         }
     }
 
+    // ---- Device sampling and run-ahead, as an asynchronous device does them (the engine's
+    // run-ahead tests): a launched step runs and draws at once, a fed step takes its token ids from
+    // the previous launch's draws, and wait_sample hands the draws out in launch order. The draw
+    // itself is fake_draw's (greedy: the lowest id among the maxima; else the inverse CDF of
+    // softmax(logits / T) at the row's uniform); the engine's Sampler is not involved.
+    bool device_sampling = false, run_ahead = false;
+    int launches_fed = 0;
+
+    bool can_sample_on_device() const override { return device_sampling; }
+    bool can_run_ahead() const override { return device_sampling && run_ahead; }
+
+    static int32_t fake_draw(const float* logits, int vocab, const DeviceSamplingRow& row) {
+        int32_t best = 0;
+        for (int v = 1; v < vocab; ++v) if (logits[v] > logits[best]) best = v;
+        if (row.temperature < 1e-5f) return best;
+        double z = 0;
+        for (int v = 0; v < vocab; ++v) z += std::exp(double(logits[v] - logits[best]) / row.temperature);
+        double c = 0;
+        for (int v = 0; v < vocab; ++v) {
+            c += std::exp(double(logits[v] - logits[best]) / row.temperature) / z;
+            if (row.uniform < c) return v;
+        }
+        return vocab - 1;
+    }
+
+    void forward_sample(const StepBatch& b, KvPool& kv, std::span<const DeviceSamplingRow> sampling,
+                        int32_t* token_ids) override {
+        if (!pending_.empty()) fail("forward_sample with a launched step not waited for");
+        draw(b, kv, sampling, token_ids);
+    }
+    void launch_sample(const StepBatch& b, KvPool& kv, std::span<const DeviceSamplingRow> sampling,
+                       bool feed_previous) override {
+        if (!can_run_ahead()) fail("launch_sample on a model that cannot run ahead");
+        if (pending_.size() >= 2) fail("a third step launched before the first was waited for");
+        StepBatch fed = b;
+        std::vector<int32_t> ids(b.token_ids, b.token_ids + b.num_tokens);
+        if (feed_previous) {
+            if (int(last_draws_.size()) < b.num_tokens) fail("fed step has more rows than the previous step drew");
+            std::copy(last_draws_.begin(), last_draws_.begin() + b.num_tokens, ids.begin());
+            fed.token_ids = ids.data();
+            ++launches_fed;
+        }
+        std::vector<int32_t> out(size_t(b.num_logits));
+        draw(fed, kv, sampling, out.data());
+        last_draws_ = out;
+        pending_.push_back(std::move(out));
+    }
+    void wait_sample(int32_t* token_ids) override {
+        if (pending_.empty()) fail("wait_sample with nothing launched");
+        std::copy(pending_.front().begin(), pending_.front().end(), token_ids);
+        pending_.erase(pending_.begin());
+    }
+    int pending() const { return int(pending_.size()); }
+
     int forwards = 0;
     int64_t tokens_computed = 0;
     int max_batch_seen = 0;
     bool fail_next = false;
 
 private:
+    void draw(const StepBatch& b, KvPool& kv, std::span<const DeviceSamplingRow> sampling, int32_t* token_ids) {
+        if (sampling.size() < size_t(b.num_logits)) fail("fewer sampling rows than logit rows");
+        std::vector<float> logits(size_t(b.num_logits) * size_t(shape_.vocab));
+        compute(b, kv, logits.data());
+        for (int r = 0; r < b.num_logits; ++r)
+            token_ids[r] = fake_draw(logits.data() + size_t(r) * size_t(shape_.vocab), shape_.vocab, sampling[size_t(r)]);
+    }
+    std::vector<std::vector<int32_t>> pending_;
+    std::vector<int32_t> last_draws_;
+
     [[noreturn]] static void fail(const std::string& what) { throw std::logic_error("FakeModel: " + what); }
     FakeModelShape shape_;
     ModelInfo info_{};
