@@ -11,27 +11,51 @@ ModelRunner::ModelRunner(CompiledModel& model, int max_num_seqs, int max_model_l
     : model_(model), vocab_(model.info().vocab_size) {
     const ModelInfo& info = model.info();
     stride_ = (max_model_len + info.block_size - 1) / info.block_size;
-    token_ids_.resize(size_t(info.max_batch_tokens));
-    positions_.resize(size_t(info.max_batch_tokens));
-    slot_mapping_.resize(size_t(info.max_batch_tokens));
-    query_start_.resize(size_t(max_num_seqs) + 1);
-    seq_lens_.resize(size_t(max_num_seqs));
-    block_tables_.assign(size_t(max_num_seqs) * size_t(stride_), 0);
-    logit_rows_.resize(size_t(max_num_seqs));
+    step_.size_for(info.max_batch_tokens, max_num_seqs, stride_);
+    ahead_.size_for(max_num_seqs, max_num_seqs, stride_);  // one token per sequence
     row_of_seq_.resize(size_t(max_num_seqs));
     logits_.resize(size_t(max_num_seqs) * size_t(vocab_));
     device_rows_.resize(size_t(max_num_seqs));
     device_tokens_.resize(size_t(max_num_seqs));
-    ahead_ids_.assign(size_t(max_num_seqs), 0);
-    ahead_positions_.resize(size_t(max_num_seqs));
-    ahead_slot_mapping_.resize(size_t(max_num_seqs));
-    ahead_query_start_.resize(size_t(max_num_seqs) + 1);
-    ahead_seq_lens_.resize(size_t(max_num_seqs));
-    ahead_block_tables_.assign(size_t(max_num_seqs) * size_t(stride_), 0);
-    ahead_logit_rows_.resize(size_t(max_num_seqs));
     ahead_rows_.resize(size_t(max_num_seqs));
     ahead_seqs_.reserve(size_t(max_num_seqs));
     dropped_tokens_.resize(size_t(max_num_seqs));
+}
+
+void ModelRunner::StepArrays::size_for(int max_tokens, int max_seqs, int stride) {
+    token_ids.assign(size_t(max_tokens), 0);
+    positions.resize(size_t(max_tokens));
+    slot_mapping.resize(size_t(max_tokens));
+    query_start.resize(size_t(max_seqs) + 1);
+    seq_lens.resize(size_t(max_seqs));
+    block_tables.assign(size_t(max_seqs) * size_t(stride), 0);
+    logit_rows.resize(size_t(max_seqs));
+}
+
+const StepBatch& ModelRunner::StepArrays::view(int num_tokens, int num_seqs, int num_logits, int stride) {
+    batch.num_tokens = num_tokens;
+    batch.token_ids = token_ids.data();
+    batch.positions = positions.data();
+    batch.slot_mapping = slot_mapping.data();
+    batch.num_seqs = num_seqs;
+    batch.query_start = query_start.data();
+    batch.seq_lens = seq_lens.data();
+    batch.block_tables = block_tables.data();
+    batch.block_table_stride = stride;
+    batch.num_logits = num_logits;
+    batch.logit_rows = logit_rows.data();
+    return batch;
+}
+
+DeviceSamplingRow ModelRunner::device_row(const SamplingParams& p, Rng& rng) {
+    DeviceSamplingRow row;
+    row.temperature = p.temperature;
+    row.top_k = p.top_k;
+    row.top_p = p.top_p;
+    row.min_p = p.min_p;
+    // Sampler::sample draws one uniform for a non-greedy token and none for a greedy one.
+    row.uniform = p.temperature < Sampler::kSamplingEps ? 0.0 : rng.uniform();
+    return row;
 }
 
 // vLLM: vllm/v1/worker/gpu_model_runner.py (_prepare_inputs): per scheduled request, its tokens
@@ -41,82 +65,64 @@ ModelRunner::ModelRunner(CompiledModel& model, int max_num_seqs, int max_model_l
 // request that completes its prompt (or decodes) yields logits.
 const StepBatch& ModelRunner::prepare(const SchedulerOutput& out, int block_size) {
     batch_block_size_ = block_size;
-    if (out.seqs.size() > seq_lens_.size() || out.total_tokens > int(token_ids_.size()))
+    StepArrays& a = step_;
+    if (out.seqs.size() > a.seq_lens.size() || out.total_tokens > int(a.token_ids.size()))
         throw std::logic_error("ModelRunner::prepare: batch larger than the buffers");
     int t = 0, num_logits = 0;
-    query_start_[0] = 0;
+    a.query_start[0] = 0;
     for (size_t s = 0; s < out.seqs.size(); ++s) {
         const ScheduledSeq& sch = out.seqs[s];
         const Sequence& seq = *sch.seq;
         const int32_t* table = seq.blocks.data();
         for (int j = 0; j < sch.num_tokens; ++j, ++t) {
             const int pos = sch.start + j;
-            token_ids_[size_t(t)] = seq.tokens[size_t(pos)];
-            positions_[size_t(t)] = pos;
-            slot_mapping_[size_t(t)] = int64_t(table[pos / block_size]) * block_size + pos % block_size;
+            a.token_ids[size_t(t)] = seq.tokens[size_t(pos)];
+            a.positions[size_t(t)] = pos;
+            a.slot_mapping[size_t(t)] = int64_t(table[pos / block_size]) * block_size + pos % block_size;
         }
-        query_start_[s + 1] = t;
+        a.query_start[s + 1] = t;
         const int seq_len = sch.start + sch.num_tokens;
-        seq_lens_[s] = seq_len;
+        a.seq_lens[s] = seq_len;
         const int used_blocks = (seq_len + block_size - 1) / block_size;
         if (used_blocks > stride_ || used_blocks > int(seq.blocks.size()))
             throw std::logic_error("ModelRunner::prepare: sequence has fewer blocks than tokens need");
-        std::copy(table, table + used_blocks, block_tables_.begin() + ptrdiff_t(s) * stride_);
+        std::copy(table, table + used_blocks, a.block_tables.begin() + ptrdiff_t(s) * stride_);
         if (sch.needs_sample) {
-            logit_rows_[size_t(num_logits)] = t - 1;
+            a.logit_rows[size_t(num_logits)] = t - 1;
             row_of_seq_[s] = num_logits++;
         } else {
             row_of_seq_[s] = -1;
         }
     }
-    batch_.num_tokens = t;
-    batch_.token_ids = token_ids_.data();
-    batch_.positions = positions_.data();
-    batch_.slot_mapping = slot_mapping_.data();
-    batch_.num_seqs = int(out.seqs.size());
-    batch_.query_start = query_start_.data();
-    batch_.seq_lens = seq_lens_.data();
-    batch_.block_tables = block_tables_.data();
-    batch_.block_table_stride = stride_;
-    batch_.num_logits = num_logits;
-    batch_.logit_rows = logit_rows_.data();
     device_sampling_ = false;
-    return batch_;
+    return a.view(t, int(out.seqs.size()), num_logits, stride_);
 }
 
 bool ModelRunner::plan_device_sampling(const SchedulerOutput& out, Rng& (*rng_of)(Sequence&)) {
     device_sampling_ = false;
-    if (batch_.num_logits == 0 || !model_.can_sample_on_device()) return false;
+    if (step_.batch.num_logits == 0 || !model_.can_sample_on_device()) return false;
     for (size_t s = 0; s < out.seqs.size(); ++s) {
         const ScheduledSeq& sch = out.seqs[s];
         if (sch.needs_sample && !Sampler::device_supports(*sch.seq->params, sch.seq->num_output_tokens())) return false;
     }
     for (size_t s = 0; s < out.seqs.size(); ++s) {
         const int r = row_of_seq_[s];
-        if (r < 0) continue;
-        const SamplingParams& p = *out.seqs[s].seq->params;
-        DeviceSamplingRow& row = device_rows_[size_t(r)];
-        row.temperature = p.temperature;
-        row.top_k = p.top_k;
-        row.top_p = p.top_p;
-        row.min_p = p.min_p;
-        // Sampler::sample draws one uniform for a non-greedy token and none for a greedy one.
-        row.uniform = p.temperature < Sampler::kSamplingEps ? 0.0 : rng_of(*out.seqs[s].seq).uniform();
+        if (r >= 0) device_rows_[size_t(r)] = device_row(*out.seqs[s].seq->params, rng_of(*out.seqs[s].seq));
     }
     device_sampling_ = true;
     return true;
 }
 
 void ModelRunner::launch(KvPool& kv) {
-    const std::span<const DeviceSamplingRow> rows(device_rows_.data(), size_t(batch_.num_logits));
+    const std::span<const DeviceSamplingRow> rows(device_rows_.data(), size_t(step_.batch.num_logits));
     launched_async_ = false;
     if (device_sampling_ && model_.can_run_ahead()) {
-        model_.launch_sample(batch_, kv, rows, /*feed_previous=*/false);
+        model_.launch_sample(step_.batch, kv, rows, /*feed_previous=*/false);
         launched_async_ = true;
     } else if (device_sampling_) {
-        model_.forward_sample(batch_, kv, rows, device_tokens_.data());
+        model_.forward_sample(step_.batch, kv, rows, device_tokens_.data());
     } else {
-        model_.forward(batch_, kv, logits_.data());
+        model_.forward(step_.batch, kv, logits_.data());
     }
 }
 
@@ -148,41 +154,25 @@ bool ModelRunner::launch_ahead(const SchedulerOutput& out, KvPool& kv, int block
         if (!Sampler::device_supports(*seq.params, seq.num_output_tokens() + 1)) return false;
     }
     ahead_seqs_.clear();
+    StepArrays& a = ahead_;
     for (int s = 0; s < S; ++s) {
         Sequence& seq = *out.seqs[size_t(s)].seq;
         const int pos = out.seqs[size_t(s)].start + out.seqs[size_t(s)].num_tokens;
         const int32_t* table = seq.blocks.data();
-        ahead_ids_[size_t(s)] = 0;  // fed on the device
-        ahead_positions_[size_t(s)] = pos;
-        ahead_slot_mapping_[size_t(s)] = int64_t(table[pos / block_size]) * block_size + pos % block_size;
-        ahead_query_start_[size_t(s)] = s;
-        ahead_seq_lens_[size_t(s)] = pos + 1;
+        a.token_ids[size_t(s)] = 0;  // fed on the device
+        a.positions[size_t(s)] = pos;
+        a.slot_mapping[size_t(s)] = int64_t(table[pos / block_size]) * block_size + pos % block_size;
+        a.query_start[size_t(s)] = s;
+        a.seq_lens[size_t(s)] = pos + 1;
         const int used_blocks = (pos + 1 + block_size - 1) / block_size;
-        std::copy(table, table + used_blocks, ahead_block_tables_.begin() + ptrdiff_t(s) * stride_);
-        ahead_logit_rows_[size_t(s)] = s;
-        const SamplingParams& p = *seq.params;
+        std::copy(table, table + used_blocks, a.block_tables.begin() + ptrdiff_t(s) * stride_);
+        a.logit_rows[size_t(s)] = s;
         Rng& rng = rng_of(seq);
         ahead_seqs_.push_back(AheadSeq{&seq, pos, rng});
-        DeviceSamplingRow& row = ahead_rows_[size_t(s)];
-        row.temperature = p.temperature;
-        row.top_k = p.top_k;
-        row.top_p = p.top_p;
-        row.min_p = p.min_p;
-        row.uniform = p.temperature < Sampler::kSamplingEps ? 0.0 : rng.uniform();  // as plan_device_sampling
+        ahead_rows_[size_t(s)] = device_row(*seq.params, rng);  // the draw plan_device_sampling would make
     }
-    ahead_query_start_[size_t(S)] = S;
-    StepBatch& b = ahead_batch_;
-    b.num_tokens = S;
-    b.token_ids = ahead_ids_.data();
-    b.positions = ahead_positions_.data();
-    b.slot_mapping = ahead_slot_mapping_.data();
-    b.num_seqs = S;
-    b.query_start = ahead_query_start_.data();
-    b.seq_lens = ahead_seq_lens_.data();
-    b.block_tables = ahead_block_tables_.data();
-    b.block_table_stride = stride_;
-    b.num_logits = S;
-    b.logit_rows = ahead_logit_rows_.data();
+    a.query_start[size_t(S)] = S;
+    const StepBatch& b = a.view(S, S, S, stride_);
     try {
         model_.launch_sample(b, kv, std::span<const DeviceSamplingRow>(ahead_rows_.data(), size_t(S)), /*feed_previous=*/true);
     } catch (...) {
@@ -204,7 +194,7 @@ bool ModelRunner::ahead_matches(const SchedulerOutput& out) const {
         const int used = (a.position + 1 + batch_block_size_ - 1) / batch_block_size_;
         if (int(sch.seq->blocks.size()) < used ||
             !std::equal(sch.seq->blocks.begin(), sch.seq->blocks.begin() + used,
-                        ahead_block_tables_.begin() + ptrdiff_t(s) * stride_))
+                        ahead_.block_tables.begin() + ptrdiff_t(s) * stride_))
             return false;
     }
     return true;

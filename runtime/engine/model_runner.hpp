@@ -73,16 +73,26 @@ public:
         int r = row_of_seq_[scheduled_index];
         return r < 0 ? nullptr : logits_.data() + size_t(r) * size_t(vocab_);
     }
-    const StepBatch& batch() const { return batch_; }
+    const StepBatch& batch() const { return step_.batch; }
     int block_table_stride() const { return stride_; }
 
 private:
+    // One step's arrays, sized once, and the StepBatch that points into them.
+    struct StepArrays {
+        std::vector<int32_t> token_ids, positions, query_start, seq_lens, block_tables, logit_rows;
+        std::vector<int64_t> slot_mapping;
+        StepBatch batch;
+        void size_for(int max_tokens, int max_seqs, int stride);
+        const StepBatch& view(int num_tokens, int num_seqs, int num_logits, int stride);
+    };
+    // How a row with parameters p is drawn on the device; its uniform from rng, as Sampler::sample
+    // would (one draw for a non-greedy token, none for a greedy one).
+    static DeviceSamplingRow device_row(const SamplingParams& p, Rng& rng);
+
     CompiledModel& model_;
     int vocab_;
     int stride_;                    // blocks per block-table row: ceil(max_model_len / block_size)
-    StepBatch batch_;
-    std::vector<int32_t> token_ids_, positions_, query_start_, seq_lens_, block_tables_, logit_rows_;
-    std::vector<int64_t> slot_mapping_;
+    StepArrays step_;               // the current step
     std::vector<int> row_of_seq_;
     std::vector<float> logits_;
     bool device_sampling_ = false;  // this step: forward_sample instead of forward
@@ -99,10 +109,7 @@ private:
     bool has_ahead_ = false;
     int batch_block_size_ = 1;
     Rng& (*rng_of_)(Sequence&) = nullptr;
-    StepBatch ahead_batch_;
-    std::vector<int32_t> ahead_ids_, ahead_positions_, ahead_query_start_, ahead_seq_lens_, ahead_block_tables_,
-        ahead_logit_rows_;
-    std::vector<int64_t> ahead_slot_mapping_;
+    StepArrays ahead_;
     std::vector<DeviceSamplingRow> ahead_rows_;
     std::vector<AheadSeq> ahead_seqs_;
     std::vector<int32_t> dropped_tokens_;

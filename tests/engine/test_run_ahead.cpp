@@ -26,6 +26,15 @@ EngineConfig small_config(int64_t kv_blocks, int block_size, int max_seqs = 8) {
     return c;
 }
 
+Request greedy(const std::string& id, std::vector<int32_t> prompt, int max_tokens) {
+    Request r;
+    r.id = id;
+    r.prompt_ids = std::move(prompt);
+    r.params.temperature = 0;
+    r.params.max_tokens = max_tokens;
+    return r;
+}
+
 struct WorkloadRun {
     Results results;
     EngineStats stats;
@@ -160,12 +169,7 @@ TEST(RunAhead, BatchOneDecodeAdoptsAndWastesNothing) {
     const int max_tokens = 40;
     {
         Engine engine(model, nullptr, small_config(100, 4));
-        Request r;
-        r.id = "solo";
-        r.prompt_ids = prompt;
-        r.params.temperature = 0;
-        r.params.max_tokens = max_tokens;
-        engine.add_request(r, collect_into(res));
+        engine.add_request(greedy("solo", prompt, max_tokens), collect_into(res));
         run_to_completion(engine);
         const EngineStats s = engine.stats();
         EXPECT_EQ(s.run_ahead_dropped, 0);
@@ -191,12 +195,7 @@ TEST(RunAhead, EngineDestroyedMidGenerationLeavesNothingPending) {
     {
         Engine engine(model, nullptr, small_config(100, 4));
         Results res;
-        Request r;
-        r.id = "cut";
-        r.prompt_ids = prompt;
-        r.params.temperature = 0;
-        r.params.max_tokens = 30;
-        engine.add_request(r, collect_into(res));
+        engine.add_request(greedy("cut", prompt, 30), collect_into(res));
         for (int i = 0; i < 4; ++i) engine.step();
         EXPECT_GT(engine.stats().run_ahead_launched, 0);
         EXPECT_EQ(model.pending(), 1);  // the step launched ahead
@@ -204,12 +203,7 @@ TEST(RunAhead, EngineDestroyedMidGenerationLeavesNothingPending) {
     EXPECT_EQ(model.pending(), 0);
     Engine again(model, nullptr, small_config(100, 4));
     Results res;
-    Request r;
-    r.id = "again";
-    r.prompt_ids = prompt;
-    r.params.temperature = 0;
-    r.params.max_tokens = 12;
-    again.add_request(r, collect_into(res));
+    again.add_request(greedy("again", prompt, 12), collect_into(res));
     run_to_completion(again);
     EXPECT_EQ(at(res, "again").ids, reference_greedy(prompt, 97, 12));
 }
@@ -223,12 +217,7 @@ TEST(RunAhead, ConfigSwitchTurnsItOff) {
     cfg.run_ahead = false;
     Engine engine(model, nullptr, cfg);
     Results res;
-    Request r;
-    r.id = "off";
-    r.prompt_ids = {1, 2, 3};
-    r.params.temperature = 0;
-    r.params.max_tokens = 10;
-    engine.add_request(r, collect_into(res));
+    engine.add_request(greedy("off", {1, 2, 3}, 10), collect_into(res));
     run_to_completion(engine);
     EXPECT_EQ(engine.stats().run_ahead_launched, 0);
     EXPECT_EQ(model.launches_fed, 0);
