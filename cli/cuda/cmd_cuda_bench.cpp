@@ -161,20 +161,12 @@ struct BatchRun {
         }
         model.wait_sample(sampled);
     }
-    std::vector<int32_t> d_pos, d_qs, d_rows, d_seq_lens;
-    std::vector<int64_t> d_slots;
-    StepBatch d_batch;
+    // A decode step's arrays, reused from step to step (launch_sample copies them before it returns).
+    std::vector<int32_t> pos = std::vector<int32_t>(size_t(B)), qs = std::vector<int32_t>(size_t(B) + 1),
+                         rows = std::vector<int32_t>(size_t(B)), seq_lens = std::vector<int32_t>(size_t(B));
+    std::vector<int64_t> slots = std::vector<int64_t>(size_t(B));
+    StepBatch step;
     const StepBatch& decode_batch(const std::vector<int32_t>& ids) {
-        d_pos.resize(size_t(B));
-        d_qs.resize(size_t(B) + 1);
-        d_rows.resize(size_t(B));
-        d_seq_lens.resize(size_t(B));
-        d_slots.resize(size_t(B));
-        auto& pos = d_pos;
-        auto& qs = d_qs;
-        auto& rows = d_rows;
-        auto& seq_lens = d_seq_lens;
-        auto& slots = d_slots;
         for (int s = 0; s < B; ++s) {
             pos[s] = lens[s];
             slots[s] = slot(s, lens[s]);
@@ -183,7 +175,7 @@ struct BatchRun {
             seq_lens[s] = lens[s] + 1;
         }
         qs[B] = B;
-        StepBatch& b = d_batch;
+        StepBatch& b = step;
         b.num_tokens = B;
         b.token_ids = ids.data();
         b.positions = pos.data();
@@ -263,7 +255,6 @@ int run_cuda_bench(const CudaBenchArgs& a) {
         std::vector<double> batch_sampled_tps;  // the same steps sampling greedily on the GPU (0: not supported)
         std::vector<double> batch_ahead_tps;    // and launched ahead, each step fed the previous one's tokens on the device
         std::vector<std::string> step_parts;    // a sampled step's wall time by part
-        const bool run_ahead_default = lm.model->can_run_ahead();
         for (int B : batches) {
             if (B > info.max_logit_rows || B > info.max_batch_tokens) continue;
             BatchRun br(*lm.model, B, prompt + 5 * batch_steps + 16);  // five timed runs of batch_steps + warm-ups
@@ -327,7 +318,6 @@ int run_cuda_bench(const CudaBenchArgs& a) {
                                                      wall_us - copy - dev));
                 }
             }
-            cm->set_run_ahead(run_ahead_default);
         }
 
         // ---- Prefill of one long prompt, in compiled-size chunks.

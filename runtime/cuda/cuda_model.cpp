@@ -85,7 +85,6 @@ struct CudaGeneratedModel::Impl {
     Launch launches[2];
     cudaEvent_t ready[2] = {nullptr, nullptr};  // after a launch's last copy back
     int64_t launched = 0, waited = 0;
-    int last_sampled_rows = 0;  // of the latest launch: the token ids a fed step may take
     bool run_ahead = [] {
         const char* e = std::getenv("SCR_CUDA_RUN_AHEAD");
         return !(e && std::string_view(e) == "0");
@@ -241,8 +240,11 @@ void CudaGeneratedModel::Impl::launch(CudaGeneratedModel& model, const StepBatch
     if (launched - waited >= 2) throw std::logic_error("CUDA model: a third step launched before the first was waited for");
     model.begin_step(b, kv);  // bounds and consistency, on the host, before anything reaches the GPU
     const int T = b.num_tokens, S = b.num_seqs, R = b.num_logits;
-    if (feed_previous && (launched == 0 || last_sampled_rows < T))
-        fail("step: {} token ids to take from the previous step, which sampled {}", T, launched == 0 ? 0 : last_sampled_rows);
+    if (feed_previous) {
+        // A fed step's ids are the latest launch's draws (the sampler leaves them in the id rows).
+        const int drawn = launched == 0 ? 0 : launches[(launched - 1) % 2].sampled_rows;
+        if (drawn < T) fail("step: {} token ids to take from the previous step, which sampled {}", T, drawn);
+    }
     const int slot = int(launched % 2);
 
     // The device KV pool for this KvPool (same blocks, same layout).
@@ -377,7 +379,6 @@ void CudaGeneratedModel::Impl::launch(CudaGeneratedModel& model, const StepBatch
         SCR_CUDA(cudaMemcpyAsync(m.logits_host, m.logits_dev, size_t(R) * size_t(mi.vocab_size) * 4, cudaMemcpyDeviceToHost,
                                  m.stream));
     SCR_CUDA(cudaEventRecord(m.ready[slot], m.stream));
-    m.last_sampled_rows = l.sampled_rows;
     ++m.launched;
 }
 
@@ -390,9 +391,9 @@ void CudaGeneratedModel::Impl::wait(const ModelInfo& mi, float* logits, int32_t*
     ++m.waited;
     if (l.logit_rows > 0 && logits)
         std::memcpy(logits, m.logits_host, size_t(l.logit_rows) * size_t(mi.vocab_size) * 4);
-    if (l.sampled_rows > 0 && token_ids) {
-        std::memcpy(token_ids, m.sampled_host[slot], size_t(l.sampled_rows) * 4);
-        m.stats.device_sampled_rows += l.sampled_rows;
+    if (l.sampled_rows > 0) {
+        if (token_ids) std::memcpy(token_ids, m.sampled_host[slot], size_t(l.sampled_rows) * 4);
+        m.stats.device_sampled_rows += l.sampled_rows;  // a dropped step's rows (token_ids null) too
     }
     if (l.timed) {
         float copy = 0, all = 0, sample = 0;

@@ -385,8 +385,7 @@ bool Engine::Impl::step() {
         }
         // While this step runs on the device, enqueue the next one as it will most likely be.
         if (config.run_ahead &&
-            runner->launch_ahead(out, kv_memory->pool(), info.block_size, config.max_model_len,
-                                 scheduler->num_waiting() > 0, rng_of))
+            runner->launch_ahead(out, kv_memory->pool(), config.max_model_len, scheduler->num_waiting() > 0, rng_of))
             ++stats.run_ahead_launched;
         runner->finish();
     } catch (const std::exception& e) {

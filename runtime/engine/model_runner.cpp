@@ -8,7 +8,7 @@
 namespace scr::engine {
 
 ModelRunner::ModelRunner(CompiledModel& model, int max_num_seqs, int max_model_len)
-    : model_(model), vocab_(model.info().vocab_size) {
+    : model_(model), vocab_(model.info().vocab_size), block_size_(model.info().block_size) {
     const ModelInfo& info = model.info();
     stride_ = (max_model_len + info.block_size - 1) / info.block_size;
     step_.size_for(info.max_batch_tokens, max_num_seqs, stride_);
@@ -19,7 +19,6 @@ ModelRunner::ModelRunner(CompiledModel& model, int max_num_seqs, int max_model_l
     device_tokens_.resize(size_t(max_num_seqs));
     ahead_rows_.resize(size_t(max_num_seqs));
     ahead_seqs_.reserve(size_t(max_num_seqs));
-    dropped_tokens_.resize(size_t(max_num_seqs));
 }
 
 void ModelRunner::StepArrays::size_for(int max_tokens, int max_seqs, int stride) {
@@ -64,7 +63,6 @@ DeviceSamplingRow ModelRunner::device_row(const SamplingParams& p, Rng& rng) {
 // sum of scheduled tokens and seq_lens the context after the step; only the last token of a
 // request that completes its prompt (or decodes) yields logits.
 const StepBatch& ModelRunner::prepare(const SchedulerOutput& out, int block_size) {
-    batch_block_size_ = block_size;
     StepArrays& a = step_;
     if (out.seqs.size() > a.seq_lens.size() || out.total_tokens > int(a.token_ids.size()))
         throw std::logic_error("ModelRunner::prepare: batch larger than the buffers");
@@ -137,9 +135,10 @@ void ModelRunner::finish() {
 // requests in the previous batch come from its sampled tensor on the device). Ours predicts the
 // whole next step instead of scheduling around placeholders, and checks the prediction against the
 // real schedule (ahead_matches).
-bool ModelRunner::launch_ahead(const SchedulerOutput& out, KvPool& kv, int block_size, int max_model_len,
-                               bool more_work_waiting, Rng& (*rng_of)(Sequence&)) {
-    if (has_ahead_) throw std::logic_error("ModelRunner::launch_ahead: a step is already launched ahead");
+bool ModelRunner::launch_ahead(const SchedulerOutput& out, KvPool& kv, int max_model_len, bool more_work_waiting,
+                               Rng& (*rng_of)(Sequence&)) {
+    if (has_ahead()) throw std::logic_error("ModelRunner::launch_ahead: a step is already launched ahead");
+    const int block_size = block_size_;
     if (!launched_async_ || more_work_waiting || out.seqs.empty()) return false;
     const int S = int(out.seqs.size());
     for (int s = 0; s < S; ++s) {
@@ -153,7 +152,6 @@ bool ModelRunner::launch_ahead(const SchedulerOutput& out, KvPool& kv, int block
         if (next / block_size >= int(seq.blocks.size()) || (next + 1 + block_size - 1) / block_size > stride_) return false;
         if (!Sampler::device_supports(*seq.params, seq.num_output_tokens() + 1)) return false;
     }
-    ahead_seqs_.clear();
     StepArrays& a = ahead_;
     for (int s = 0; s < S; ++s) {
         Sequence& seq = *out.seqs[size_t(s)].seq;
@@ -168,7 +166,7 @@ bool ModelRunner::launch_ahead(const SchedulerOutput& out, KvPool& kv, int block
         std::copy(table, table + used_blocks, a.block_tables.begin() + ptrdiff_t(s) * stride_);
         a.logit_rows[size_t(s)] = s;
         Rng& rng = rng_of(seq);
-        ahead_seqs_.push_back(AheadSeq{&seq, pos, rng});
+        ahead_seqs_.push_back(AheadSeq{&seq, pos, &rng, rng});
         ahead_rows_[size_t(s)] = device_row(*seq.params, rng);  // the draw plan_device_sampling would make
     }
     a.query_start[size_t(S)] = S;
@@ -176,22 +174,20 @@ bool ModelRunner::launch_ahead(const SchedulerOutput& out, KvPool& kv, int block
     try {
         model_.launch_sample(b, kv, std::span<const DeviceSamplingRow>(ahead_rows_.data(), size_t(S)), /*feed_previous=*/true);
     } catch (...) {
-        for (AheadSeq& a : ahead_seqs_) rng_of(*a.seq) = a.rng_before;
+        for (const AheadSeq& ahead : ahead_seqs_) *ahead.rng = ahead.rng_before;
         ahead_seqs_.clear();
         throw;
     }
-    has_ahead_ = true;
-    rng_of_ = rng_of;
     return true;
 }
 
 bool ModelRunner::ahead_matches(const SchedulerOutput& out) const {
-    if (!has_ahead_ || out.seqs.size() != ahead_seqs_.size()) return false;
+    if (!has_ahead() || out.seqs.size() != ahead_seqs_.size()) return false;
     for (size_t s = 0; s < out.seqs.size(); ++s) {
         const ScheduledSeq& sch = out.seqs[s];
         const AheadSeq& a = ahead_seqs_[s];
         if (sch.seq != a.seq || sch.start != a.position || sch.num_tokens != 1 || !sch.needs_sample) return false;
-        const int used = (a.position + 1 + batch_block_size_ - 1) / batch_block_size_;
+        const int used = (a.position + 1 + block_size_ - 1) / block_size_;
         if (int(sch.seq->blocks.size()) < used ||
             !std::equal(sch.seq->blocks.begin(), sch.seq->blocks.begin() + used,
                         ahead_.block_tables.begin() + ptrdiff_t(s) * stride_))
@@ -201,8 +197,7 @@ bool ModelRunner::ahead_matches(const SchedulerOutput& out) const {
 }
 
 void ModelRunner::adopt_ahead() {
-    if (!has_ahead_) throw std::logic_error("ModelRunner::adopt_ahead: nothing launched ahead");
-    has_ahead_ = false;
+    if (!has_ahead()) throw std::logic_error("ModelRunner::adopt_ahead: nothing launched ahead");
     ahead_seqs_.clear();
     device_sampling_ = true;
     launched_async_ = true;
@@ -219,18 +214,16 @@ void ModelRunner::recover() noexcept {
     try {
         drop_ahead();
     } catch (...) {
-        has_ahead_ = false;
         ahead_seqs_.clear();
     }
 }
 
 void ModelRunner::drop_ahead() {
-    if (!has_ahead_) return;
+    if (!has_ahead()) return;
     if (launched_async_) throw std::logic_error("ModelRunner::drop_ahead before the current step finished");
-    has_ahead_ = false;
-    for (AheadSeq& a : ahead_seqs_) rng_of_(*a.seq) = a.rng_before;
+    for (const AheadSeq& ahead : ahead_seqs_) *ahead.rng = ahead.rng_before;
     ahead_seqs_.clear();
-    model_.wait_sample(dropped_tokens_.data());
+    model_.wait_sample(nullptr);  // its tokens are discarded
 }
 
 }  // namespace scr::engine

@@ -46,9 +46,9 @@ public:
     // device, each continues (its draw cannot end it by length; its next position's block is
     // allocated; the device can still sample it) and `more_work_waiting` is false. Non-greedy rows
     // draw their uniforms now, in the order the step would; drop_ahead puts the generators back.
-    bool launch_ahead(const SchedulerOutput& out, KvPool& kv, int block_size, int max_model_len, bool more_work_waiting,
+    bool launch_ahead(const SchedulerOutput& out, KvPool& kv, int max_model_len, bool more_work_waiting,
                       Rng& (*rng_of)(Sequence&));
-    bool has_ahead() const { return has_ahead_; }
+    bool has_ahead() const { return !ahead_seqs_.empty(); }
     // Whether `out`, the next schedule, is the step launched ahead: the same sequences in the same
     // order, one token each at the predicted position, the same block tables.
     bool ahead_matches(const SchedulerOutput& out) const;
@@ -91,6 +91,7 @@ private:
 
     CompiledModel& model_;
     int vocab_;
+    int block_size_;                // the model's KV block size
     int stride_;                    // blocks per block-table row: ceil(max_model_len / block_size)
     StepArrays step_;               // the current step
     std::vector<int> row_of_seq_;
@@ -100,19 +101,17 @@ private:
     std::vector<DeviceSamplingRow> device_rows_;
     std::vector<int32_t> device_tokens_;
 
-    // The step launched ahead: its batch (token ids fed on the device) and what it assumed.
+    // The step launched ahead (none when ahead_seqs_ is empty): its batch (token ids fed on the
+    // device) and what it assumed of each sequence.
     struct AheadSeq {
         Sequence* seq;
         int position;
-        Rng rng_before;  // the generator before this step's draw
+        Rng* rng;        // the sequence's generator
+        Rng rng_before;  // ... before this step's draw
     };
-    bool has_ahead_ = false;
-    int batch_block_size_ = 1;
-    Rng& (*rng_of_)(Sequence&) = nullptr;
     StepArrays ahead_;
     std::vector<DeviceSamplingRow> ahead_rows_;
     std::vector<AheadSeq> ahead_seqs_;
-    std::vector<int32_t> dropped_tokens_;
 };
 
 }  // namespace scr::engine

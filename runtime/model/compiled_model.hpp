@@ -140,10 +140,11 @@ public:
     // async scheduling) enqueues step n + 1 before step n's tokens are back, so the host's work
     // between steps hides behind the device's. launch_sample enqueues forward_sample's work and
     // returns (the batch and the sampling rows are copied before it returns); wait_sample blocks
-    // until the oldest launched step's tokens are in token_ids ([num_logits] of that step). With
-    // feed_previous, token row r (r < batch.num_tokens) takes its id from row r of the previous
-    // launched step's sampled tokens, on the device, instead of batch.token_ids[r]. At most two
-    // launched steps are waited for at a time; forward() and forward_sample() need none pending.
+    // until the oldest launched step's tokens are in token_ids ([num_logits] of that step; null:
+    // discarded). With feed_previous, token row r (r < batch.num_tokens) takes its id from row r of
+    // the previous launched step's sampled tokens, on the device, instead of batch.token_ids[r]. At
+    // most two steps may be pending (launched, not yet waited for); forward() and forward_sample()
+    // need none.
     virtual bool can_run_ahead() const { return false; }
     virtual void launch_sample(const StepBatch& batch, KvPool& kv, std::span<const DeviceSamplingRow> sampling,
                                bool feed_previous) {

@@ -183,7 +183,7 @@ public:
     }
     void wait_sample(int32_t* token_ids) override {
         if (pending_.empty()) fail("wait_sample with nothing launched");
-        std::copy(pending_.front().begin(), pending_.front().end(), token_ids);
+        if (token_ids) std::copy(pending_.front().begin(), pending_.front().end(), token_ids);
         pending_.erase(pending_.begin());
     }
     int pending() const { return int(pending_.size()); }
