@@ -36,7 +36,8 @@ struct BenchArgs {
     int max_num_seqs = 64, max_batched_tokens = 0, concurrency = 4;  // 0 tokens: the compiled step size
     int batch = 1, context = 128, iters = 5;
     int64_t kv_cache_mb = 0;
-    float temperature = 0;
+    float temperature = 0, top_p = 1.0f;
+    int top_k = 0;
     uint64_t seed = 1;
     bool one_at_a_time = false;
     bool huge_pages = LoadOptions::huge_pages_from_env();
@@ -158,6 +159,8 @@ Request bench_request(const BenchArgs& a, int i, const std::vector<int32_t>& pro
     r.params.max_tokens = a.output_len;
     r.params.ignore_eos = true;
     r.params.temperature = a.temperature;
+    r.params.top_k = a.top_k;
+    r.params.top_p = a.top_p;
     r.params.seed = a.seed + uint64_t(i);
     return r;
 }
@@ -253,8 +256,10 @@ double percentile(std::vector<double> v, double p) {
 void run_latency(const BenchArgs& a, LoadedModel& lm) {
     const ModelInfo& info = lm.model->info();
     const auto prompts = make_prompts(a, info.vocab_size);
-    fmt::print("latency: {} requests at concurrency {}, {} prompt + {} output tokens, shared prefix {}; model {} ({})\n",
-               a.num_prompts, a.concurrency, a.input_len, a.output_len, a.shared_prefix, info.stem, info.quant);
+    fmt::print("latency: {} requests at concurrency {}, {} prompt + {} output tokens, shared prefix {}, temperature {} "
+               "top_k {} top_p {}; model {} ({})\n",
+               a.num_prompts, a.concurrency, a.input_len, a.output_len, a.shared_prefix, a.temperature, a.top_k, a.top_p,
+               info.stem, info.quant);
     for (bool caching : caching_modes(a.prefix_caching)) {
         Engine engine(*lm.model, nullptr, engine_config(a, caching));
         struct Timing { Clock::time_point submit, last; double ttft = -1; std::vector<double> itl; int tokens = 0; int cached = 0; };
@@ -431,6 +436,9 @@ void setup(CLI::App& app) {
     c->add_option("--context", a->context, "context length of each decoding sequence (forward)")->check(CLI::Range(0, 1 << 24));
     c->add_option("--iters", a->iters, "repetitions (forward)")->check(CLI::Range(1, 1 << 20));
     c->add_option("--temperature", a->temperature, "sampling temperature (0: greedy)")->check(CLI::Range(0.0, 100.0));
+    c->add_option("--top-k", a->top_k, "sampling: keep the k most likely tokens (0: off)")->check(CLI::Range(0, 1 << 24));
+    c->add_option("--top-p", a->top_p, "sampling: keep the smallest set holding this much probability (1: off)")
+        ->check(CLI::Range(0.0, 1.0));
     c->add_option("--seed", a->seed, "seed of the random prompts and sampling");
     c->add_flag("--one-at-a-time", a->one_at_a_time, "throughput: also run the requests one after another");
     c->add_flag("--huge-pages,!--no-huge-pages", a->huge_pages,

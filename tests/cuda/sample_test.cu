@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -48,8 +49,20 @@ void device_free(void* p) { std::free(p); }
 void to_device(void* d, const void* h, size_t n) { std::memcpy(d, h, n); }
 void to_host(void* h, const void* d, size_t n) { std::memcpy(h, d, n); }
 void device_fill(void* d, int byte, size_t n) { std::memset(d, byte, n); }
+// Blocks per row of the launches (0: the launcher's choice, sample_cluster_size).
+int g_blocks_per_row = 0;
+int blocks_per_row(int rows, int V) { return g_blocks_per_row ? g_blocks_per_row : sample_cluster_size(rows, V); }
 void launch(const float* logits, int V, int rows, const SampleParams* p, int32_t* tokens, SampleTrace* trace) {
-    for (int r = 0; r < rows; ++r) emu::run_block(unsigned(r), [&] { sample_rows_kernel(logits, V, p, tokens, trace); });
+    const int C = blocks_per_row(rows, V);
+    for (int r = 0; r < rows; ++r)
+        emu::run_cluster(unsigned(r * C), C, [&] {
+            switch (C) {
+                case 1: sample_rows_kernel<1>(logits, V, p, tokens, trace); break;
+                case 2: sample_rows_kernel<2>(logits, V, p, tokens, trace); break;
+                case 4: sample_rows_kernel<4>(logits, V, p, tokens, trace); break;
+                default: sample_rows_kernel<8>(logits, V, p, tokens, trace); break;
+            }
+        });
 }
 bool have_device() { return true; }
 #else
@@ -70,8 +83,9 @@ void device_free(void* p) { cudaFree(p); }
 void to_device(void* d, const void* h, size_t n) { CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice)); }
 void to_host(void* h, const void* d, size_t n) { CK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost)); }
 void device_fill(void* d, int byte, size_t n) { CK(cudaMemset(d, byte, n)); }
+int g_blocks_per_row = 0;  // blocks per row of the launches (0: the launcher's choice)
 void launch(const float* logits, int V, int rows, const SampleParams* p, int32_t* tokens, SampleTrace* trace) {
-    launch_sample_rows(nullptr, logits, V, rows, p, tokens, trace);
+    launch_sample_rows(nullptr, logits, V, rows, p, tokens, trace, nullptr, g_blocks_per_row);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
 }
@@ -381,6 +395,54 @@ void test_random_parameters(Dev& dev) {
     }
 }
 
+// Every cluster size (blocks per row: 1, 2, 4, 8) gives the same token and trace, bit for bit: the
+// sums are integers and the maximum exact, so splitting a row may change nothing. Rows of every kind
+// above, greedy and sampled, with NaN / -inf / +inf entries; vocabularies with an odd size (the scalar
+// path), a size not a multiple of 32 (short last slices) and one below 4 x 8 (empty slices).
+void test_cluster_sizes(Dev& dev) {
+    Rand rng{77};
+    for (int V : {13, scaled(4096, 1024), scaled(32001, 2051), scaled(128256, 4100)}) {
+        const int rows = scaled(24, 8);
+        std::vector<float> x(size_t(rows) * V);
+        std::vector<SampleParams> ps(rows);
+        for (int r = 0; r < rows; ++r) {
+            float* row = x.data() + size_t(r) * V;
+            const int kind = r % 6;
+            for (int i = 0; i < V; ++i) {
+                if (kind == 0) row[i] = float(int(rng.next() % 12)) - 6.0f;  // ties across slices
+                else if (kind == 1) row[i] = rng.next() % 7 == 0 ? std::nanf("") : float(rng.normal() * 3);
+                else if (kind == 2) row[i] = rng.next() % 3 == 0 ? -kInf : float(rng.normal());
+                else row[i] = float(rng.normal() * (1.0 + kind));
+            }
+            if (r == 4) row[V - 1] = kInf;  // an infinite logit in the last slice: the greedy fallback
+            if (r == 5) for (int i = 0; i < V; ++i) row[i] = -kInf;  // nothing finite
+            const int ks[] = {0, 1, 3, 50, V - 1, V};
+            SampleParams& p = ps[r];
+            p.temperature = r % 4 == 0 ? 0.0f : float(0.3 + 1.7 * rng.uniform());
+            p.top_k = ks[rng.next() % 6];
+            p.top_p = rng.next() % 3 == 0 ? 1.0f : float(0.05 + 0.94 * rng.uniform());
+            p.min_p = rng.next() % 3 == 0 ? 0.0f : float(0.3 * rng.uniform());
+            p.uniform = rng.uniform();
+        }
+        std::vector<SampleTrace> want_tr;
+        g_blocks_per_row = 1;
+        const auto want = dev.run(x, V, ps, &want_tr);
+        for (int C : {2, 4, 8}) {
+            g_blocks_per_row = C;
+            std::vector<SampleTrace> tr;
+            const auto got = dev.rerun(V, ps, &tr);
+            for (int r = 0; r < rows; ++r) {
+                const SampleTrace &a = tr[r], &b = want_tr[r];
+                const bool same = got[r] == want[r] && a.keep_lo == b.keep_lo && a.token == b.token && a.z == b.z &&
+                                  order_key(a.max_scaled) == order_key(b.max_scaled) && a.greedy == b.greedy;
+                expect(same, text("V=%d row %d, %d blocks per row: token %d (keep_lo %08x, z %llu), one block: %d (%08x, %llu)", V,
+                                  r, C, got[r], a.keep_lo, (unsigned long long)a.z, want[r], b.keep_lo, (unsigned long long)b.z));
+            }
+        }
+        g_blocks_per_row = 0;
+    }
+}
+
 // The draw against the exact probabilities of the reference's kept set.
 void test_frequencies(Dev& dev) {
     const int kRowsPerLaunch = scaled(4096, 128);
@@ -447,35 +509,63 @@ void test_frequencies(Dev& dev) {
 }
 
 #if !defined(SCR_SAMPLE_HOST_EMULATION)
-void bench(Dev& dev) {
-    const int V = 128256;
+struct BenchCase {
+    const char* name;
+    SampleParams p;
+};
+const BenchCase kBenchCases[] = {{"greedy", greedy_params()},
+                                 {"T=1", {1.0f, 0, 1.0f, 0.0f, 0.5}},
+                                 {"T=0.7 top_k=50", {0.7f, 50, 1.0f, 0.0f, 0.5}},
+                                 {"T=1 top_p=0.95", {1.0f, 0, 0.95f, 0.0f, 0.5}},
+                                 {"T=0.8 k=50 p=0.9 min_p=0.05", {0.8f, 50, 0.9f, 0.05f, 0.5}}};
+constexpr int kBenchV = 128256;
+void bench_logits(Dev& dev, int rows) {
     Rand rng{99};
-    const int rows_max = 64;
-    std::vector<float> x(size_t(rows_max) * V);
+    std::vector<float> x(size_t(rows) * kBenchV);
     for (auto& v : x) v = float(rng.normal() * 2.5);
-    dev.upload(x, rows_max);
+    dev.upload(x, rows);
+}
+// --profile K: two launches of bench case K on one row (the launcher's cluster size), for a profiler
+// that skips the first.
+void profile(Dev& dev, int k) {
+    bench_logits(dev, 1);
+    const SampleParams p = kBenchCases[k].p;
+    to_device(dev.params, &p, sizeof p);
+    for (int i = 0; i < 2; ++i) launch_sample_rows(nullptr, dev.logits, kBenchV, 1, dev.params, dev.tokens, nullptr);
+    CK(cudaDeviceSynchronize());
+    std::printf("profiled case %d (%s)\n", k, kBenchCases[k].name);
+}
+void bench(Dev& dev) {
+    const int V = kBenchV;
+    bench_logits(dev, 64);
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
-    struct Case { const char* name; SampleParams p; };
-    const Case cases[] = {{"greedy", greedy_params()},
-                          {"T=1", {1.0f, 0, 1.0f, 0.0f, 0.5}},
-                          {"T=0.7 top_k=50", {0.7f, 50, 1.0f, 0.0f, 0.5}},
-                          {"T=1 top_p=0.95", {1.0f, 0, 0.95f, 0.0f, 0.5}},
-                          {"T=0.8 k=50 p=0.9 min_p=0.05", {0.8f, 50, 0.9f, 0.05f, 0.5}}};
-    for (int rows : {1, 64}) {
+    const auto& cases = kBenchCases;
+    using Case = BenchCase;
+    // One block per row against the launcher's cluster size, alternating, in the same process.
+    for (int rows : {1, 8, 64}) {
         for (const Case& c : cases) {
             std::vector<SampleParams> ps(rows, c.p);
             to_device(dev.params, ps.data(), rows * sizeof(SampleParams));
-            launch_sample_rows(nullptr, dev.logits, V, rows, dev.params, dev.tokens, nullptr);
-            const int iters = 50;
-            CK(cudaEventRecord(a));
-            for (int i = 0; i < iters; ++i) launch_sample_rows(nullptr, dev.logits, V, rows, dev.params, dev.tokens, nullptr);
-            CK(cudaEventRecord(b));
-            CK(cudaEventSynchronize(b));
-            float ms = 0;
-            CK(cudaEventElapsedTime(&ms, a, b));
-            std::printf("timing V=%d rows %2d %-30s %8.1f us per launch\n", V, rows, c.name, 1e3 * ms / iters);
+            const int auto_c = sample_cluster_size(rows, V);
+            float us[2][3] = {};
+            for (int round = 0; round < 3; ++round)
+                for (int v = 0; v < 2; ++v) {
+                    const int C = v == 0 ? 1 : auto_c;
+                    launch_sample_rows(nullptr, dev.logits, V, rows, dev.params, dev.tokens, nullptr, nullptr, C);
+                    const int iters = 50;
+                    CK(cudaEventRecord(a));
+                    for (int i = 0; i < iters; ++i)
+                        launch_sample_rows(nullptr, dev.logits, V, rows, dev.params, dev.tokens, nullptr, nullptr, C);
+                    CK(cudaEventRecord(b));
+                    CK(cudaEventSynchronize(b));
+                    float ms = 0;
+                    CK(cudaEventElapsedTime(&ms, a, b));
+                    us[v][round] = 1e3f * ms / iters;
+                }
+            std::printf("timing V=%d rows %2d %-30s us per launch: 1 block per row %6.1f %6.1f %6.1f | %d per row %6.1f %6.1f %6.1f\n", V,
+                        rows, c.name, us[0][0], us[0][1], us[0][2], auto_c, us[1][0], us[1][1], us[1][2]);
         }
     }
 }
@@ -485,10 +575,21 @@ void bench(Dev& dev) {
 
 int main(int argc, char** argv) {
     bool run_bench = true, quick = false;
+    int profile_case = -1;
     for (int i = 1; i < argc; ++i) {
         if (std::string(argv[i]) == "--no-bench") run_bench = false;
         if (std::string(argv[i]) == "--quick") quick = true;  // greedy and kept sets only
+        if (std::string(argv[i]) == "--profile" && i + 1 < argc) profile_case = std::atoi(argv[++i]);
     }
+#if !defined(SCR_SAMPLE_HOST_EMULATION)
+    if (profile_case >= 0 && profile_case < int(std::size(kBenchCases)) && have_device()) {
+        Dev dev;
+        profile(dev, profile_case);
+        return 0;
+    }
+#else
+    (void)profile_case;
+#endif
     host_selftest();
     if (!have_device()) {
         if (std::getenv("SCR_REQUIRE_GPU")) {
@@ -502,6 +603,7 @@ int main(int argc, char** argv) {
     test_greedy(dev);
     test_kept_sets(dev);
     test_random_parameters(dev);
+    test_cluster_sizes(dev);
     if (!quick) test_frequencies(dev);
 #if !defined(SCR_SAMPLE_HOST_EMULATION)
     if (run_bench) bench(dev);

@@ -1,12 +1,17 @@
 // Host emulation of the CUDA features kernels/cuda/sample.cuh uses, for tests that run without a GPU
-// (tests/cuda/sample_test_emu.cpp): one block at a time, its threads as ucontext coroutines switched
-// at every barrier (block or warp), so __syncthreads and the warp intrinsics keep their exact meaning
-// (every lane of a warp must reach a warp intrinsic, as on the device with a full mask). Shared memory
-// is a function-static variable; shared atomics are plain adds (one coroutine runs at a time).
+// (tests/cuda/sample_test_emu.cpp): one cluster of blocks at a time (a lone block is a cluster of one),
+// all of its threads as coroutines switched at every barrier (block, cluster or warp), so
+// __syncthreads, the cluster barrier and the warp intrinsics keep their exact meaning (every lane of a
+// warp must reach a warp intrinsic, as on the device with a full mask). A kernel's shared state is
+// emu::block_shared<T>() (one T per block of the cluster; cluster_peer maps a pointer into it to a
+// peer's copy, as distributed shared memory does); shared atomics are plain adds (one coroutine runs
+// at a time).
 // Only what sample.cuh needs; not a general CUDA emulator.
 #pragma once
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 #include <functional>
@@ -29,11 +34,15 @@
 #define __restrict__ __restrict
 struct float4 { float x, y, z, w; } __attribute__((aligned(16)));
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+struct uint2 { unsigned x, y; } __attribute__((aligned(8)));
+struct uint4 { unsigned x, y, z, w; } __attribute__((aligned(16)));
+inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
 struct emu_dim3 { unsigned x, y, z; };
 namespace emu {
-inline int nthreads = SCR_EMU_THREADS;
-inline int cur = 0;
-inline unsigned block = 0;
+inline int nthreads = SCR_EMU_THREADS;  // threads per block
+inline int cur = 0;                     // the running thread, counted across the cluster's blocks
+inline unsigned block = 0;              // the cluster's first block
+inline int cluster_blocks = 1;
 
 // Coroutines: a context switch saves the callee-saved registers on the running stack and swaps stack
 // pointers (x86-64 System V; ucontext would make two system calls per switch, 100x slower).
@@ -74,7 +83,8 @@ struct Barrier {
         else while (gen == g) yield();
     }
 };
-inline Barrier block_bar;
+inline std::vector<Barrier> block_bar;  // [block of the cluster]
+inline Barrier cluster_bar;
 inline std::vector<Barrier> warp_bar;
 inline std::vector<uint64_t> slots;  // [warp][32]
 template <typename T> uint64_t bits(T v) { uint64_t b = 0; std::memcpy(&b, &v, sizeof(T)); return b; }
@@ -98,18 +108,45 @@ inline std::function<void()> body;
     scr_emu_switch(&unused, main_sp);
     __builtin_unreachable();
 }
-inline void run_block(unsigned b, std::function<void()> f) {
+// Per-block shared state: one T per block of the running cluster, zeroed per cluster (the device's is
+// not, and the kernel does not rely on either).
+inline std::vector<char*> shared_base;  // [block of the cluster]
+inline size_t shared_bytes = 0;
+template <typename T> T& block_shared() {
+    static std::vector<T> store;
+    if (store.size() != size_t(cluster_blocks) || shared_base.empty() || shared_base[0] != reinterpret_cast<char*>(store.data())) {
+        store.assign(size_t(cluster_blocks), T{});
+        shared_base.clear();
+        for (auto& t : store) shared_base.push_back(reinterpret_cast<char*>(&t));
+        shared_bytes = sizeof(T);
+    }
+    return store[size_t(cur / nthreads)];
+}
+template <typename T> T* cluster_peer(T* local, int rank) {
+    char* mine = shared_base.at(size_t(cur / nthreads));
+    const ptrdiff_t off = reinterpret_cast<char*>(local) - mine;
+    if (off < 0 || size_t(off) >= shared_bytes || rank < 0 || rank >= cluster_blocks) std::abort();  // not shared state
+    return reinterpret_cast<T*>(shared_base[size_t(rank)] + off);
+}
+inline void cluster_sync() { cluster_bar.wait(); }
+
+// Runs blocks first .. first + blocks - 1 as one cluster.
+inline void run_cluster(unsigned first, int blocks, std::function<void()> f) {
     constexpr size_t kStack = 256 * 1024;
     static std::vector<std::vector<char>> stacks;
-    block = b;
+    const int all = nthreads * blocks;
+    block = first;
+    cluster_blocks = blocks;
+    shared_base.clear();
     body = std::move(f);
-    sp.assign(size_t(nthreads), nullptr);
-    done.assign(size_t(nthreads), 0);
-    stacks.resize(size_t(nthreads));
-    block_bar = Barrier{nthreads};
-    warp_bar.assign(size_t(nthreads / 32), Barrier{32});
-    slots.assign(size_t(nthreads), 0);
-    for (int t = 0; t < nthreads; ++t) {
+    sp.assign(size_t(all), nullptr);
+    done.assign(size_t(all), 0);
+    stacks.resize(size_t(all));
+    block_bar.assign(size_t(blocks), Barrier{nthreads});
+    cluster_bar = Barrier{all};
+    warp_bar.assign(size_t(all / 32), Barrier{32});
+    slots.assign(size_t(all), 0);
+    for (int t = 0; t < all; ++t) {
         stacks[size_t(t)].resize(kStack);
         // The first switch pops six registers and returns into entry() with the stack as after a call.
         uintptr_t top = (reinterpret_cast<uintptr_t>(stacks[size_t(t)].data()) + kStack) & ~uintptr_t(15);
@@ -121,7 +158,7 @@ inline void run_block(unsigned b, std::function<void()> f) {
     }
     for (bool any = true; any;) {
         any = false;
-        for (int t = 0; t < nthreads; ++t) {
+        for (int t = 0; t < all; ++t) {
             if (done[size_t(t)]) continue;
             any = true;
             cur = t;
@@ -129,10 +166,11 @@ inline void run_block(unsigned b, std::function<void()> f) {
         }
     }
 }
+inline void run_block(unsigned b, std::function<void()> f) { run_cluster(b, 1, std::move(f)); }
 }  // namespace emu
-#define threadIdx (emu_dim3{unsigned(emu::cur), 0, 0})
-#define blockIdx (emu_dim3{emu::block, 0, 0})
-inline void __syncthreads() { emu::block_bar.wait(); }
+#define threadIdx (emu_dim3{unsigned(emu::cur % emu::nthreads), 0, 0})
+#define blockIdx (emu_dim3{emu::block + unsigned(emu::cur / emu::nthreads), 0, 0})
+inline void __syncthreads() { emu::block_bar[size_t(emu::cur / emu::nthreads)].wait(); }
 template <typename T> T __shfl_xor_sync(unsigned, T v, int o) {
     return emu::collective(v, [&](const uint64_t* s) { return emu::unbits<T>(s[emu::lane() ^ o]); });
 }
@@ -153,8 +191,10 @@ inline unsigned __reduce_add_sync(unsigned mask, unsigned v) {
     return emu::collective(v, [&](const uint64_t* s) { unsigned r = 0; for (int l = 0; l < 32; ++l) if (mask >> l & 1) r += unsigned(s[l]); return r; });
 }
 inline int __ffs(unsigned x) { return __builtin_ffs(int(x)); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline unsigned long long __float2ull_rn(float x) { return (unsigned long long)std::nearbyint(double(x)); }
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { auto o = *p; *p += v; return o; }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { auto o = *p; *p += v; return o; }
 inline uint32_t max(uint32_t a, uint32_t b) { return a > b ? a : b; }
 inline int min(int a, int b) { return a < b ? a : b; }
 using std::fmaxf;
