@@ -1,7 +1,9 @@
 #include "runtime/engine/sampler.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 namespace scr::engine {
@@ -30,10 +32,46 @@ float max_of(const float* x, int n) {
 }
 }  // namespace
 
+void exp_shifted(const float* x, int n, float m, double* w) {
+    constexpr double kLog2e = 1.4426950408889634074;
+    constexpr double kLn2Hi = 6.93147180369123816490e-01;  // fdlibm's split: k * kLn2Hi is exact for |k| < 2^20
+    constexpr double kLn2Lo = 1.90821492927058770002e-10;
+    constexpr double kRound = 0x1.8p52;                     // adding it rounds to an integer, kept in the low bits
+    constexpr double kFloor = -708.0;                       // exp(-708) = 3.3e-308, still normal
+    const int64_t round_bits = std::bit_cast<int64_t>(kRound);
+    for (int i = 0; i < n; ++i) {
+        const double d = double(x[i]) - double(m);
+        const bool zero = !(d >= kFloor);            // also -inf and NaN
+        const double c = zero ? 0.0 : (d > 0.0 ? 0.0 : d);
+        const double t = c * kLog2e + kRound;
+        const double k = t - kRound;                 // round(c / ln 2), in [-1022, 0]
+        const int64_t ki = std::bit_cast<int64_t>(t) - round_bits;
+        const double r = (c - k * kLn2Hi) - k * kLn2Lo;  // |r| <= ln 2 / 2
+        // exp(r) by Taylor to r^13: the remainder is below 4e-18 for |r| <= 0.347.
+        double p = 1.0 / 6227020800.0;
+        p = p * r + 1.0 / 479001600.0;
+        p = p * r + 1.0 / 39916800.0;
+        p = p * r + 1.0 / 3628800.0;
+        p = p * r + 1.0 / 362880.0;
+        p = p * r + 1.0 / 40320.0;
+        p = p * r + 1.0 / 5040.0;
+        p = p * r + 1.0 / 720.0;
+        p = p * r + 1.0 / 120.0;
+        p = p * r + 1.0 / 24.0;
+        p = p * r + 1.0 / 6.0;
+        p = p * r + 0.5;
+        p = p * r + 1.0;
+        p = p * r + 1.0;
+        const double scale = std::bit_cast<double>((ki + 1023) << 52);
+        w[i] = zero ? 0.0 : p * scale;
+    }
+}
+
 Sampler::Sampler(int vocab_size)
     : vocab_(vocab_size), raw_(size_t(vocab_size)), order_(size_t(vocab_size)),
-      counts_(size_t(vocab_size), 0), seen_(size_t(vocab_size), 0) {
+      counts_(size_t(vocab_size), 0), seen_(size_t(vocab_size), 0), weights_(size_t(vocab_size)) {
     touched_.reserve(4096);
+    heap_.reserve(size_t(std::min(vocab_size, kHeapTopK)));
 }
 
 // vLLM: vllm/v1/sample/logits_processor/builtin.py:L229 (MinTokensLogitsProcessor.apply): until
@@ -131,8 +169,30 @@ void Sampler::apply_min_p_top_k_top_p(float* logits, const SamplingParams& p) {
     // vLLM: vllm/v1/sample/ops/topk_topp_sampler.py:L265 (top-k in apply_top_k_top_p): keep what is
     // at least the k-th largest value (ties with it survive).
     if (top_k && p.top_k < n) {
-        std::nth_element(order_.begin(), order_.begin() + (p.top_k - 1), order_.begin() + n, desc);
-        const float kth = logits[order_[size_t(p.top_k - 1)]];
+        float kth;
+        if (p.top_k <= kHeapTopK) {
+            // The k largest values in a min-heap, one pass in id order: after the first k, a value
+            // enters only if it beats the heap's least (rarely, for k much smaller than n), so this
+            // is ~one comparison per token against nth_element's several indirect ones (~10x).
+            heap_.clear();
+            const auto greater = std::greater<float>();
+            for (int i = 0; i < V; ++i) {
+                const float v = logits[i];
+                if (!(v > kNegInf)) continue;
+                if (int(heap_.size()) < p.top_k) {
+                    heap_.push_back(v);
+                    std::push_heap(heap_.begin(), heap_.end(), greater);
+                } else if (v > heap_.front()) {
+                    std::pop_heap(heap_.begin(), heap_.end(), greater);
+                    heap_.back() = v;
+                    std::push_heap(heap_.begin(), heap_.end(), greater);
+                }
+            }
+            kth = heap_.front();  // the k-th largest, ties counted one by one
+        } else {
+            std::nth_element(order_.begin(), order_.begin() + (p.top_k - 1), order_.begin() + n, desc);
+            kth = logits[order_[size_t(p.top_k - 1)]];
+        }
         int kept = 0;
         for (int j = 0; j < n; ++j) {
             int32_t id = order_[size_t(j)];
@@ -147,8 +207,9 @@ void Sampler::apply_min_p_top_k_top_p(float* logits, const SamplingParams& p) {
     // where the cumulative probability is <= 1 - p is the same as keeping, in descending order,
     // every token whose better-ranked tokens hold less than p of the mass (the top one always).
     // Only the head of the order is sorted, growing it until it holds p of the mass.
+    exp_shifted(logits, V, m, weights_.data());
     double z = 0;
-    for (int j = 0; j < n; ++j) z += std::exp(double(logits[order_[size_t(j)]]) - m);
+    for (int j = 0; j < n; ++j) z += weights_[size_t(order_[size_t(j)])];
     const double target = double(p.top_p) * z;
     int sorted = std::min(n, 64);
     int keep = n;
@@ -158,12 +219,30 @@ void Sampler::apply_min_p_top_k_top_p(float* logits, const SamplingParams& p) {
         int r = 0;
         for (; r < sorted; ++r) {
             if (r > 0 && cum >= target) break;
-            cum += std::exp(double(logits[order_[size_t(r)]]) - m);
+            cum += weights_[size_t(order_[size_t(r)])];
         }
         if (r < sorted || sorted == n) { keep = r; break; }
         sorted = std::min(n, sorted * 4);
     }
     for (int j = keep; j < n; ++j) logits[order_[size_t(j)]] = kNegInf;
+}
+
+int32_t Sampler::draw(const float* logits, double u01) {
+    const int V = vocab_;
+    const float m = max_of(logits, V);
+    exp_shifted(logits, V, m, weights_.data());
+    double z = 0;
+    for (int i = 0; i < V; ++i) z += weights_[size_t(i)];
+    const double u = u01 * z;
+    double cum = 0;
+    int32_t last_finite = 0;
+    for (int i = 0; i < V; ++i) {
+        if (!(logits[i] > kNegInf)) continue;
+        last_finite = i;
+        cum += weights_[size_t(i)];
+        if (cum > u) return i;
+    }
+    return last_finite;  // rounding at the very end of the CDF (or no finite logit: 0)
 }
 
 bool Sampler::device_supports(const SamplingParams& p, int num_output_tokens) {
@@ -197,20 +276,7 @@ int32_t Sampler::sample(float* logits, const SamplingParams& p, std::span<const 
         const float inv_t = 1.0f / p.temperature;
         for (int i = 0; i < V; ++i) logits[i] *= inv_t;
         apply_min_p_top_k_top_p(logits, p);
-        const float m = max_of(logits, V);
-        double z = 0;
-        for (int i = 0; i < V; ++i) z += std::exp(double(logits[i]) - m);
-        const double u = rng.uniform() * z;
-        double cum = 0;
-        token = -1;
-        int32_t last_finite = 0;
-        for (int i = 0; i < V; ++i) {
-            if (!(logits[i] > kNegInf)) continue;
-            last_finite = i;
-            cum += std::exp(double(logits[i]) - m);
-            if (cum > u) { token = i; break; }
-        }
-        if (token < 0) token = last_finite;  // rounding at the very end of the CDF
+        token = draw(logits, rng.uniform());
     }
 
     if (want_logprobs) {

@@ -1,6 +1,6 @@
 // The engine's device-sampling path (ModelRunner::plan_device_sampling -> CompiledModel::forward_sample)
 // on the CPU, no GPU: a FakeModel (tests/engine/fake_model.hpp) that "samples on its device" with the
-// CPU sampler's own arithmetic (Sampler::apply_min_p_top_k_top_p, then the same inverse CDF in id order)
+// CPU sampler's own arithmetic (Sampler::apply_min_p_top_k_top_p, then Sampler::draw's inverse CDF)
 // at the uniform the engine hands it. Same logits, same kept set, same uniform: the tokens must equal
 // the CPU path's exactly, which checks what the engine owns — one uniform per non-greedy token drawn
 // from the right sequence's generator, rows mapped back to the right sequences (chunked prefill,
@@ -50,20 +50,7 @@ private:
         p.top_p = row.top_p;
         p.min_p = row.min_p;
         sampler.apply_min_p_top_k_top_p(x, p);
-        float m = -INFINITY;
-        for (int i = 0; i < V; ++i) m = std::max(m, x[i]);
-        double z = 0;
-        for (int i = 0; i < V; ++i) z += std::exp(double(x[i]) - m);
-        const double u = row.uniform * z;
-        double cum = 0;
-        int32_t last = 0;
-        for (int i = 0; i < V; ++i) {
-            if (!(x[i] > -INFINITY)) continue;
-            last = i;
-            cum += std::exp(double(x[i]) - m);
-            if (cum > u) return i;
-        }
-        return last;
+        return sampler.draw(x, row.uniform);
     }
 
     bool device_;

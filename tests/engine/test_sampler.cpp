@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -172,6 +173,99 @@ TEST(Sampler, TopPKeptSetIsExact) {
         }
         EXPECT_GE(kept / z, p.top_p - 1e-6) << "trial " << trial;
         EXPECT_LT((kept - smallest_kept) / z, p.top_p + 1e-6) << "trial " << trial;
+    }
+}
+
+// The kept set of top-k, ties with the k-th value kept, for k on both sides of the sampler's switch
+// from a min-heap to nth_element (4096), on rows of many ties and smooth rows, some with -inf entries.
+TEST(Sampler, TopKKeptSetIsExact) {
+    const int V = 6000;
+    for (int trial = 0; trial < 12; ++trial) {
+        std::mt19937 g(900 + uint32_t(trial));
+        std::vector<float> logits(static_cast<size_t>(V));
+        for (float& x : logits) x = trial % 2 ? float(int(g() % 40)) * 0.25f : std::normal_distribution<float>(0.f, 3.f)(g);
+        if (trial % 3 == 2)
+            for (int i = 0; i < V; i += 5) logits[size_t(i)] = -std::numeric_limits<float>::infinity();
+        const int ks[] = {1, 7, 50, 4096, 4097, 4700};
+        SamplingParams p;
+        p.top_k = ks[trial % 6];
+        Sampler s(V);
+        auto row = logits;
+        s.apply_min_p_top_k_top_p(row.data(), p);
+        // Reference: the k-th largest finite value, by a full sort.
+        std::vector<float> finite;
+        for (float x : logits) if (x > -std::numeric_limits<float>::infinity()) finite.push_back(x);
+        std::sort(finite.rbegin(), finite.rend());
+        const float kth = size_t(p.top_k) < finite.size() ? finite[size_t(p.top_k) - 1] : -std::numeric_limits<float>::infinity();
+        int kept = 0;
+        for (int v = 0; v < V; ++v) {
+            const bool want = logits[size_t(v)] > -std::numeric_limits<float>::infinity() && logits[size_t(v)] >= kth;
+            ASSERT_EQ(row[size_t(v)] > -std::numeric_limits<float>::infinity(), want) << "trial " << trial << " k " << p.top_k << " token " << v;
+            kept += want;
+        }
+        EXPECT_GE(kept, std::min(p.top_k, int(finite.size())));
+    }
+}
+
+// exp_shifted against std::exp (float64) on random rows over its whole range, and at its edges: the
+// maximum itself, the floor at m - 708, the tiny values below it, -inf and NaN.
+TEST(Sampler, ExpShiftedMatchesStdExp) {
+    std::mt19937 g(77);
+    std::uniform_real_distribution<float> below(-720.0f, 0.0f);
+    const float ms[] = {0.0f, 12.5f, -3.25f, 1e4f};
+    for (float m : ms) {
+        std::vector<float> x(4099);  // not a multiple of any vector width
+        for (float& v : x) v = m + below(g) * (g() % 4 == 0 ? 1.0f : 0.05f);
+        x[0] = m;
+        x[1] = m - 707.9f;
+        x[2] = m - 708.5f;
+        x[3] = -std::numeric_limits<float>::infinity();
+        x[4] = std::nanf("");
+        x[5] = m - 1e-6f;
+        std::vector<double> w(x.size());
+        exp_shifted(x.data(), int(x.size()), m, w.data());
+        double worst = 0;
+        for (size_t i = 0; i < x.size(); ++i) {
+            const double d = double(x[i]) - double(m);
+            if (!(d >= -708.0)) {  // below the floor, -inf, NaN: no mass (std::exp < 3.3e-308 there)
+                EXPECT_EQ(w[i], 0.0) << "x " << x[i] << " m " << m;
+                continue;
+            }
+            const double ref = std::exp(d);
+            worst = std::max(worst, std::abs(w[i] - ref) / ref);
+        }
+        EXPECT_LE(worst, 4.5e-16) << "m " << m;
+        EXPECT_EQ(w[0], 1.0);
+    }
+}
+
+// The draw inverts the CDF of the kept tokens in id order: for every uniform on a grid, the token
+// whose float64 reference CDF interval (std::exp masses) holds it; uniforms within 1e-12 of a
+// boundary are skipped (the two sums may round differently there).
+TEST(Sampler, DrawInvertsTheCdf) {
+    for (int trial = 0; trial < 6; ++trial) {
+        const int V = trial % 2 ? 5003 : 64;
+        auto x = random_logits(V, 300 + uint32_t(trial), 3.0f);
+        for (int i = 0; i < V; i += 7) x[size_t(i)] = -std::numeric_limits<float>::infinity();  // filtered
+        if (trial == 4) x[3] = std::nanf("");
+        Sampler s(V);
+        const float m = *std::max_element(x.begin(), x.end(), [](float a, float b) { return std::isnan(a) || a < b; });
+        std::vector<double> cdf(static_cast<size_t>(V));
+        double z = 0;
+        for (int i = 0; i < V; ++i) {
+            if (x[size_t(i)] > -std::numeric_limits<float>::infinity()) z += std::exp(double(x[size_t(i)]) - m);
+            cdf[size_t(i)] = z;
+        }
+        int checked = 0;
+        for (int j = 0; j < 2000; ++j) {
+            const double u = (j + 0.5) / 2000.0;
+            const auto it = std::upper_bound(cdf.begin(), cdf.end(), u * z);
+            const double near = std::min(std::abs(*it - u * z), it == cdf.begin() ? 1e300 : std::abs(*(it - 1) - u * z));
+            if (near <= 1e-12 * z) continue;
+            ++checked;
+            ASSERT_EQ(s.draw(x.data(), u), int32_t(it - cdf.begin())) << "trial " << trial << " u " << u;
+        }
+        EXPECT_GT(checked, 1990);
     }
 }
 
