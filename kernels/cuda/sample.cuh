@@ -434,12 +434,12 @@ __global__ void __launch_bounds__(sample_detail::kThreads)
     // with a scan across its lanes.
     const int wspan = ((s.hi - s.lo + kWarps * 32 - 1) / (kWarps * 32)) * 32;
     const int wlo = min(s.hi, s.lo + warp * wspan), whi = min(s.hi, wlo + wspan);
-    auto kept_mass = [&](int i) -> u64 {
-        const float x = row[i] * inv_t;
+    auto kept_mass = [&](float logit) -> u64 {  // a raw logit's mass if it is kept, else 0
+        const float x = logit * inv_t;
         return order_key(x) >= keep_lo ? mass_of(x, max_x) : 0;
     };
     u64 own = 0;  // the warp's kept mass, on every lane
-    for (int i = wlo + lane; i < whi; i += 32) own += kept_mass(i);
+    for (int i = wlo + lane; i < whi; i += 32) own += kept_mass(row[i]);
     for (int o = 16; o > 0; o >>= 1) own += shfl_xor(own, o);
     if (lane == 0) sh.red[warp] = own;
     __syncthreads();
@@ -478,8 +478,7 @@ __global__ void __launch_bounds__(sample_detail::kThreads)
             for (int u = 0; u < kSteps; ++u) {
                 if (found) break;
                 const int i = i0 + 32 * u + lane;
-                const float x = xs[u] * inv_t;
-                const u64 m = i < whi && order_key(x) >= keep_lo ? mass_of(x, max_x) : 0;
+                const u64 m = i < whi ? kept_mass(xs[u]) : 0;
                 u64 incl = m;
                 for (int o = 1; o < 32; o <<= 1) {
                     const u64 up = __shfl_up_sync(0xffffffffu, incl, o);

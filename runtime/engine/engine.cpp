@@ -369,7 +369,7 @@ bool Engine::Impl::step() {
     }
     ++stats.steps;
 
-    runner->prepare(out, info.block_size);
+    runner->prepare(out);
     // The step launched ahead by the previous one, if this schedule is that step; else it is dropped.
     const bool adopt = runner->has_ahead() && runner->ahead_matches(out);
     if (!adopt) drop_ahead();

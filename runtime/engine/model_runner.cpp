@@ -62,7 +62,8 @@ DeviceSamplingRow ModelRunner::device_row(const SamplingParams& p, Rng& rng) {
 // block_table[pos / block_size] * block_size + pos % block_size; query_start_loc is the running
 // sum of scheduled tokens and seq_lens the context after the step; only the last token of a
 // request that completes its prompt (or decodes) yields logits.
-const StepBatch& ModelRunner::prepare(const SchedulerOutput& out, int block_size) {
+const StepBatch& ModelRunner::prepare(const SchedulerOutput& out) {
+    const int block_size = block_size_;
     StepArrays& a = step_;
     if (out.seqs.size() > a.seq_lens.size() || out.total_tokens > int(a.token_ids.size()))
         throw std::logic_error("ModelRunner::prepare: batch larger than the buffers");

@@ -17,7 +17,7 @@ public:
     ModelRunner(CompiledModel& model, int max_num_seqs, int max_model_len);
 
     // Lays out out.seqs (in order) as one StepBatch. Sequences with needs_sample get a logit row.
-    const StepBatch& prepare(const SchedulerOutput& out, int block_size);
+    const StepBatch& prepare(const SchedulerOutput& out);
 
     // After prepare: sample this step on the model's device (CompiledModel::forward_sample) when the
     // model can and every row asks only for what a device sampler does (Sampler::device_supports);

@@ -11,12 +11,6 @@ namespace scr::engine {
 namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-double log_sum_exp(const float* x, int n, float max_value) {
-    double s = 0;
-    for (int i = 0; i < n; ++i) s += std::exp(double(x[i]) - max_value);
-    return double(max_value) + std::log(s);
-}
-
 // Max over a row in 16 independent lanes, so the compiler can keep them in vector registers (a
 // single running max is a serial dependency chain). NaNs are ignored.
 float max_of(const float* x, int n) {
@@ -282,7 +276,10 @@ int32_t Sampler::sample(float* logits, const SamplingParams& p, std::span<const 
     if (want_logprobs) {
         // vLLM: sampler.py:L252 (gather_logprobs): the sampled token's logprob and the top-k.
         const float m = max_of(raw_.data(), V);
-        const double lse = log_sum_exp(raw_.data(), V, m);
+        exp_shifted(raw_.data(), V, m, weights_.data());
+        double z = 0;
+        for (int i = 0; i < V; ++i) z += weights_[size_t(i)];
+        const double lse = double(m) + std::log(z);
         logprobs->token_id = token;
         logprobs->logprob = float(double(raw_[size_t(token)]) - lse);
         logprobs->top.clear();

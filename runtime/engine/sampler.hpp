@@ -56,7 +56,7 @@ private:
     std::vector<int32_t> counts_;      // output token counts (frequency/presence penalties)
     std::vector<uint8_t> seen_;        // prompt+output membership (repetition penalty)
     std::vector<int32_t> touched_;     // ids set in counts_/seen_, to reset them
-    std::vector<double> weights_;      // exp(x - max) per id (top-p, the draw)
+    std::vector<double> weights_;      // exp(x - max) per id (top-p, the draw, logprobs)
     std::vector<float> heap_;          // top-k: the k largest values so far
     static constexpr int kHeapTopK = 4096;  // larger k: nth_element
 };

@@ -541,11 +541,9 @@ void bench(Dev& dev) {
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
-    const auto& cases = kBenchCases;
-    using Case = BenchCase;
     // One block per row against the launcher's cluster size, alternating, in the same process.
     for (int rows : {1, 8, 64}) {
-        for (const Case& c : cases) {
+        for (const BenchCase& c : kBenchCases) {
             std::vector<SampleParams> ps(rows, c.p);
             to_device(dev.params, ps.data(), rows * sizeof(SampleParams));
             const int auto_c = sample_cluster_size(rows, V);

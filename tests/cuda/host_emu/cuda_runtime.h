@@ -108,13 +108,14 @@ inline std::function<void()> body;
     scr_emu_switch(&unused, main_sp);
     __builtin_unreachable();
 }
-// Per-block shared state: one T per block of the running cluster, zeroed per cluster (the device's is
-// not, and the kernel does not rely on either).
+// Per-block shared state: one T per block of the running cluster, made by the first thread that asks
+// in each cluster (run_cluster clears shared_base), zeroed (the device's is not, and the kernel does not
+// rely on either). One kernel's T at a time.
 inline std::vector<char*> shared_base;  // [block of the cluster]
 inline size_t shared_bytes = 0;
 template <typename T> T& block_shared() {
     static std::vector<T> store;
-    if (store.size() != size_t(cluster_blocks) || shared_base.empty() || shared_base[0] != reinterpret_cast<char*>(store.data())) {
+    if (shared_base.empty()) {
         store.assign(size_t(cluster_blocks), T{});
         shared_base.clear();
         for (auto& t : store) shared_base.push_back(reinterpret_cast<char*>(&t));
