@@ -1,7 +1,7 @@
 #!/bin/bash
 # Variants of the one-row int4 tensor-core GEMV (quant_mma1_kernel, issue #9) side by side, on the
 # GPU machine, in one call (variants: see venv below):
-#   OUT=$OUT [VARIANTS="default xone"] [MODELS=8b] [ROUNDS=2] [NOBENCH=1] [SHAPES=NxK,...] [FORMATS=...]
+#   OUT=$OUT [VARIANTS="default xone"] [CHECK_VARIANTS=...] [MODELS=8b] [ROUNDS=2] [NOBENCH=1] [SHAPES=NxK,...] [FORMATS=...]
 #       [CB_PREFILL=0]
 #       bash tests/cuda/tc1_variants_ab.sh [CARRY_DIR|-] [GEMV_CARRY_DIR]
 # GEMV_CARRY_DIR/bin.tar.xz (optional): scr_cuda_quant_gemv. Its checks of the MLX int4 formats
@@ -20,28 +20,33 @@ exec > >(tee -a "$OUT/summary.txt") 2>&1
 . tests/cuda/device_lib.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 read -r -a VARS <<< "${VARIANTS:-default xone}"
+read -r -a CVARS <<< "${CHECK_VARIANTS:-${VARS[*]}}"  # the variants whose GEMV checks run (default: all)
 # A variant is "default", a value of SCR_CUDA_QUANT_TC1_VARIANT, or a whole NAME=VALUE assignment
-# (e.g. SCR_CUDA_QUANT_TC1_PARTS=fifths).
+# (e.g. SCR_CUDA_QUANT_TC1_PARTS=fifths), or several of those joined by "+" (e.g.
+# bulk+SCR_CUDA_QUANT_TC1_SLOTS=6). venv prints them as words for env.
 venv() {
-    case $1 in
-    default) echo "SCR_CUDA_QUANT_TC1_VARIANT=" ;;
-    *=*) echo "$1" ;;
-    *) echo "SCR_CUDA_QUANT_TC1_VARIANT=$1" ;;
-    esac
+    local part
+    for part in ${1//+/ }; do
+        case $part in
+        default) echo "SCR_CUDA_QUANT_TC1_VARIANT=" ;;
+        *=*) echo "$part" ;;
+        *) echo "SCR_CUDA_QUANT_TC1_VARIANT=$part" ;;
+        esac
+    done
 }
 ROUNDS=${ROUNDS:-2}
 if [ -n "${2:-}" ]; then
     device_unpack "$2" /tmp/scr-tc1v-gemv
     export SCR_REQUIRE_GPU=1
     G=$C/scr_cuda_quant_gemv
-    for v in "${VARS[@]}"; do
-        step check_$v 400 env "$(venv $v)" $G --no-bench --formats mlx-int4-g32,mlx-int4-g64,mlx-int4-g128
+    for v in "${CVARS[@]}"; do
+        step check_$v 400 env $(venv $v) $G --no-bench --formats mlx-int4-g32,mlx-int4-g64,mlx-int4-g128
         echo "check $v: $(grep -c ' -> ok' "$LOGS/check_$v.txt") ok, $(grep -c 'FAILED' "$LOGS/check_$v.txt") FAILED; $(tail -1 "$LOGS/check_$v.txt")"
     done
     SHAPES=${SHAPES:-3072x2048,2048x8192,128256x2048,4096x4096,6144x4096,14336x4096,4096x14336,128256x4096}
     for r in $(seq 1 "$([ -n "${NOBENCH:-}" ] && echo 0 || echo "$ROUNDS")"); do
         for v in "${VARS[@]}"; do
-            step bench_${v}_$r 300 env "$(venv $v)" $G --formats "${FORMATS:-mlx-int4-g64}" --shapes $SHAPES
+            step bench_${v}_$r 300 env $(venv $v) $G --formats "${FORMATS:-mlx-int4-g64}" --shapes $SHAPES
             echo "== GEMV $v round $r"
             grep -E " tc1 " "$LOGS/bench_${v}_$r.txt" | grep -E "  1 "
             grep -E "^bench fused" "$LOGS/bench_${v}_$r.txt"
@@ -59,8 +64,8 @@ if [ -n "${1:-}" ] && [ "$1" != - ]; then
         rm -rf "$M"
         IDS=$(seq -s, 11 130)
         for v in "${VARS[@]}"; do
-            step greedy_${m}_$v 120 env "$(venv $v)" $S complete "$q" --ids "$IDS" --max-tokens 64 --json
-            step logits1_${m}_$v 120 env "$(venv $v)" $S logits "$q" --ids 11
+            step greedy_${m}_$v 120 env $(venv $v) $S complete "$q" --ids "$IDS" --max-tokens 64 --json
+            step logits1_${m}_$v 120 env $(venv $v) $S logits "$q" --ids 11
         done
         for v in "${VARS[@]:1}"; do
             for w in greedy logits1; do
@@ -70,7 +75,7 @@ if [ -n "${1:-}" ] && [ "$1" != - ]; then
         done
         for r in $(seq 1 "$ROUNDS"); do
             for v in "${VARS[@]}"; do
-                step cb_${m}_${v}_$r 200 env "$(venv $v)" $S cuda-bench "$q" --prompt 128 --decode 128 --prefill "${CB_PREFILL:-0}" --batches 1
+                step cb_${m}_${v}_$r 200 env $(venv $v) $S cuda-bench "$q" --prompt 128 --decode 128 --prefill "${CB_PREFILL:-0}" --batches 1
                 echo "$m $v round $r: $(grep -h -o '"decode_device_ms": [0-9.]*\|"batch_tps": {[^}]*}\|"prefill_tps": [0-9.]*' "$LOGS/cb_${m}_${v}_$r.txt" | tr '\n' ' ')"
             done
         done
