@@ -23,7 +23,7 @@ read -r -a VARS <<< "${VARIANTS:-default xone}"
 read -r -a CVARS <<< "${CHECK_VARIANTS:-${VARS[*]}}"  # the variants whose GEMV checks run (default: all)
 # A variant is "default", a value of SCR_CUDA_QUANT_TC1_VARIANT, or a whole NAME=VALUE assignment
 # (e.g. SCR_CUDA_QUANT_TC1_PARTS=fifths), or several of those joined by "+" (e.g.
-# bulk+SCR_CUDA_QUANT_TC1_SLOTS=6). venv prints them as words for env.
+# xone+SCR_CUDA_QUANT_TC1_PARTS=4). venv prints them as words for env.
 venv() {
     local part
     for part in ${1//+/ }; do
