@@ -6,9 +6,17 @@
 //   else x = logit * (1/T) (float, as the CPU) -> min_p (x >= max + log(min_p)) -> top_k (x >= the k-th
 //   largest, ties kept) -> top_p (a token survives if the better-ranked tokens hold less than p of the
 //   mass) -> one draw: the CDF of the kept tokens in id order inverted at the row's uniform.
-// No sort: top_k and top_p are found by a radix descent over a 32-bit order key of x (3 digits of
-// 11/11/10 bits): histogram the survivors by the next digit (counts for top_k, masses for top_p), pick the
-// digit where the weight from the top reaches the rank, recurse into it. 1 + 3 + 3 + 1 passes at most.
+// No sort: top_k and top_p each come down to a boundary key K (x >= K survives), the one key with
+// weight(> K) < rank <= weight(>= K) (counts for top_k, masses for top_p). Three ways, the same K:
+//   * radix descent over a 32-bit order key of x, 3 digits of 11/11/10 bits: histogram the survivors
+//     by the next digit, pick the digit where the weight from the top reaches the rank, recurse;
+//   * value bins (top_k): one histogram over bins 1/64 wide below the maximum, then one pass
+//     gathering the chosen bin's elements (at most kCand over the cluster), whose keys give K
+//     directly; a fuller bin (ties) falls back to the radix descent;
+//   * gathered (top_p after a value-bin top_k that left at most kCand survivors): all of them, no
+//     histogram. Top_p alone stays on the radix descent: on flat rows (random weights) the boundary
+//     bin is too full and the value bins cost more than they save (docs/CUDA.md "Session 18").
+// Passes at most: 1 (max) + 2 (top_k; 3 more when its bin is too full) + 1 or 3 (top_p) + 1 (the draw).
 // Masses are exp(x - max) in fixed point (x 2^42, rounded) summed in 64-bit integers: sums do not
 // depend on the order of addition, so a row's token is deterministic; a token whose probability
 // relative to the top one is below 2^-43 (x < max - 29.8) has mass 0 and is never drawn (at most
@@ -51,6 +59,11 @@ constexpr float kMassScale = 0x1p42f;
 constexpr float kMassCutoff = -30.0f;     // exp(-30) * 2^42 = 0.41: rounds to 0
 constexpr uint32_t kMinFiniteKey = 0x00800000u;  // order_key(-FLT_MAX); -inf and NaN sort below it
 constexpr int kMaxBins = 2048;
+// Value bins: bin 2047 - floor((max - x) * 64), the last one clamped (its x lie 32 or more below the
+// maximum, where the masses are already 0); so the highest bin holds the largest x, like a radix digit.
+constexpr float kValueScale = 64.0f;
+constexpr int kCand = kThreads < 256 ? kThreads : 256;  // the most elements resolved directly (over the cluster)
+static_assert(kCand <= kThreads, "gather_select sums the candidates with one block scan");
 // The three digits of a key, from the top: bits 31..21, 20..10, 9..0.
 __device__ __forceinline__ int digit_bits(int d) { return d == 2 ? 10 : 11; }
 __device__ __forceinline__ int digit_shift(int d) { return d == 0 ? 21 : d == 1 ? 10 : 0; }
@@ -63,6 +76,12 @@ __host__ __device__ inline uint32_t order_key(float x) {
     uint32_t b;
     memcpy(&b, &x, 4);
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// x's value bin (x <= max_x, both finite): non-decreasing in x.
+__device__ __forceinline__ uint32_t value_bin(float x, float max_x) {
+    const float below = (max_x - x) * kValueScale;  // exact scaling; +inf for a huge range
+    return uint32_t(kMaxBins - 1) - (below < float(kMaxBins - 1) ? uint32_t(below) : uint32_t(kMaxBins - 1));
 }
 
 __device__ __forceinline__ u64 mass_of(float x, float max_x) {
@@ -153,6 +172,14 @@ struct Shared {
     int32_t part_id;
     float part_max;  // its slice's maximum of x
     u64 part_z;      // its slice's kept mass (the draw)
+    // gather_select's candidates: this block's (read by the peers), then the cluster's.
+    unsigned cand_n;
+    uint32_t cand_key[kCand];
+    u64 cand_w[kCand];
+    uint32_t all_key[kCand];
+    u64 all_w[kCand];
+    uint32_t result_key;
+    u64 result_kept;
 };
 
 // The row's cluster of C blocks: rank = blockIdx.x % C (a one-dimensional cluster), a barrier over all
@@ -221,9 +248,10 @@ __device__ __forceinline__ u64 block_inclusive_scan(u64 v, u64* red, u64* total)
 // the highest digit at which the weight of the bins from the top reaches sh.rank (when top_p >= 0,
 // the rank is first set to ceil(top_p * total)): sh.digit; sh.rank becomes the weight still to reach
 // inside that digit, sh.total the histogram's total. Every block finds the same.
-template <int C, bool kMass>
+// digit_of(key, x) gives an element's digit (a radix digit of the key, or value_bin).
+template <int C, bool kMass, typename DigitOf>
 __device__ void histogram_digit(const float* row, int vocab, Slice s, float inv_t, float max_x, uint32_t keep_lo,
-                                uint32_t prefix, uint32_t above_mask, int shift, int bits, float top_p, int parity, Shared& sh) {
+                                uint32_t prefix, uint32_t above_mask, int bits, DigitOf digit_of, float top_p, int parity, Shared& sh) {
     const int bins = 1 << bits;
     uint32_t* h = sh.hist[parity];
     for (int i = int(threadIdx.x); i < 2 * bins; i += kThreads) h[i] = 0;
@@ -240,7 +268,7 @@ __device__ void histogram_digit(const float* row, int vocab, Slice s, float inv_
         // The lanes sharing the first active lane's digit (logits cluster in a few exponents: often most
         // of the warp) add their weights first, one atomic for all of them; the others add their own.
         // Integer sums: the order does not matter.
-        const uint32_t digit = in ? (k >> shift) & uint32_t(bins - 1) : 0xffffffffu;
+        const uint32_t digit = in ? digit_of(k, x) : 0xffffffffu;
         const uint32_t lead = __shfl_sync(0xffffffffu, digit, __ffs(act) - 1);
         const bool group = in && digit == lead;
         const unsigned gmask = __ballot_sync(0xffffffffu, group);
@@ -316,7 +344,9 @@ __device__ uint32_t radix_select(const float* row, int vocab, Slice s, float inv
     if (threadIdx.x == 0) sh.rank = rank;
     __syncthreads();
     for (int d = 0; d < 3; ++d) {
-        histogram_digit<C, kMass>(row, vocab, s, inv_t, max_x, keep_lo, prefix, above, digit_shift(d), digit_bits(d),
+        const int shift = digit_shift(d), bits = digit_bits(d);
+        histogram_digit<C, kMass>(row, vocab, s, inv_t, max_x, keep_lo, prefix, above, bits,
+                                  [=](uint32_t k, float) { return (k >> shift) & uint32_t((1 << bits) - 1); },
                                   d == 0 ? top_p : -1.0f, digits++ % 2, sh);
         if (d == 0) {
             *total = sh.total;
@@ -328,13 +358,124 @@ __device__ uint32_t radix_select(const float* row, int vocab, Slice s, float inv
     return prefix;
 }
 
+// Gathers the elements with key >= keep_lo, a non-zero weight (1, or the mass) and in(key, x) over the
+// cluster (at most kCand), and finds among them the key K with weight(> K) < need <= weight(>= K),
+// need = the argument, or (top_p >= 0) ceil(top_p * their total weight) clamped to [1, total]: *key,
+// and *kept = base + weight(>= K). Returns false, having decided nothing, when they number more than
+// kCand (every block sees the same counts, so all blocks return the same). Ends at a cluster barrier.
+template <int C, bool kMass, typename In>
+__device__ bool gather_select(const float* row, int vocab, Slice s, float inv_t, float max_x, uint32_t keep_lo, In in, u64 need,
+                              float top_p, u64 base, Shared& sh, uint32_t* key, u64* kept) {
+    using Cl = RowCluster<C>;
+    const int lane = int(threadIdx.x % 32);
+    if (threadIdx.x == 0) {
+        sh.cand_n = 0;
+        sh.result_key = 0;
+        sh.result_kept = 0;
+    }
+    __syncthreads();
+    for_each_uniform(row, vocab, s, inv_t, [&](int, float x) {
+        const uint32_t k = order_key(x);
+        u64 w = 0;
+        if (k >= keep_lo && in(k, x)) w = kMass ? mass_of(x, max_x) : 1;
+        // One counter update per warp and step (all lanes get here: for_each_uniform).
+        const unsigned take = __ballot_sync(0xffffffffu, w > 0);
+        if (!take) return;
+        const int leader = __ffs(take) - 1;
+        unsigned at = 0;
+        if (lane == leader) at = atomicAdd(&sh.cand_n, unsigned(__popc(take)));
+        at = __shfl_sync(0xffffffffu, at, leader) + unsigned(__popc(take & ((1u << lane) - 1u)));
+        if (w > 0 && at < unsigned(kCand)) {
+            sh.cand_key[at] = k;
+            sh.cand_w[at] = w;
+        }
+    });
+    Cl::sync();  // every block's candidates are in
+    unsigned counts[C], n = 0;
+    bool over = false;
+    for (int r = 0; r < C; ++r) {
+        counts[r] = *Cl::peer(&sh.cand_n, r);
+        over = over || counts[r] > unsigned(kCand);
+        n += counts[r];
+    }
+    if (over || n > unsigned(kCand)) {
+        Cl::sync();  // the peers have read this block's count
+        return false;
+    }
+    for (unsigned i = threadIdx.x; i < n; i += kThreads) {
+        unsigned r = 0, j = i;
+        while (j >= counts[r]) j -= counts[r++];
+        sh.all_key[i] = Cl::peer(sh.cand_key, int(r))[j];
+        sh.all_w[i] = Cl::peer(sh.cand_w, int(r))[j];
+    }
+    if (top_p >= 0) {  // the rank from the candidates' total weight
+        u64 total = 0;
+        (void)block_inclusive_scan(threadIdx.x < n ? sh.all_w[threadIdx.x] : 0, sh.red, &total);  // n <= kCand <= kThreads
+        need = u64(ceil(double(top_p) * double(total)));
+        if (need < 1) need = 1;
+        if (need > total) need = total;
+    }
+    __syncthreads();
+    // Candidate i's weight above and equal to its key, summed by 4 lanes (j = part, part + 4, ...) and
+    // a butterfly over them; every lane runs the same steps (the shuffles see whole warps).
+    constexpr int kLanesPer = 4;
+    for (unsigned i0 = 0; i0 < n; i0 += kThreads / kLanesPer) {
+        const unsigned i = i0 + threadIdx.x / kLanesPer, part = threadIdx.x % kLanesPer;
+        const uint32_t ki = i < n ? sh.all_key[i] : 0u;
+        u64 above = 0, equal = 0;
+        if (i < n)
+            for (unsigned j = part; j < n; j += kLanesPer) {
+                const uint32_t kj = sh.all_key[j];
+                if (kj > ki) above += sh.all_w[j];
+                else if (kj == ki) equal += sh.all_w[j];
+            }
+        for (int o = 1; o < kLanesPer; o <<= 1) {
+            above += shfl_xor(above, o);
+            equal += shfl_xor(equal, o);
+        }
+        if (i < n && part == 0 && above < need && need <= above + equal) {  // every such i has the same key
+            sh.result_key = ki;
+            sh.result_kept = base + above + equal;
+        }
+    }
+    __syncthreads();
+    *key = sh.result_key;
+    *kept = sh.result_kept;
+    Cl::sync();  // every thread has read the result (the next selection resets it); the peers are done with the candidates
+    return true;
+}
+
+// top_k's key (radix_select<C, false>'s, with the same *total and the same 0 when the survivors
+// number `rank` or fewer) from one histogram of counts over value bins plus gather_select over the
+// chosen bin. *kept: the survivors of the cut (elements with key >= the result). Returns false,
+// having decided nothing, when the bin holds more than kCand elements.
+template <int C>
+__device__ bool value_select_count(const float* row, int vocab, Slice s, float inv_t, float max_x, uint32_t keep_lo, u64 rank,
+                                   Shared& sh, u64* total, int& digits, uint32_t* key, u64* kept) {
+    if (threadIdx.x == 0) sh.rank = rank;
+    __syncthreads();
+    histogram_digit<C, false>(row, vocab, s, inv_t, max_x, keep_lo, 0u, 0u, 11, [=](uint32_t, float x) { return value_bin(x, max_x); },
+                              -1.0f, digits++ % 2, sh);
+    *total = sh.total;
+    if (sh.total <= rank) {
+        *key = 0;
+        *kept = sh.total;
+        return true;
+    }
+    const uint32_t bin = sh.digit;
+    const u64 need = sh.rank;  // count still to reach inside the bin, 1 <= need <= the bin's count
+    return gather_select<C, false>(row, vocab, s, inv_t, max_x, keep_lo, [=](uint32_t, float x) { return value_bin(x, max_x) == bin; },
+                                   need, -1.0f, rank - need, sh, key, kept);
+}
+
 }  // namespace sample_detail
 
 // Grid: rows x C blocks, clusters of C (C > 1); block b serves row b / C.
 template <int C>
 __global__ void __launch_bounds__(sample_detail::kThreads)
     sample_rows_kernel(const float* __restrict__ logits, int vocab, const SampleParams* __restrict__ params,
-                       int32_t* __restrict__ tokens, SampleTrace* __restrict__ trace, int32_t* __restrict__ tokens_also = nullptr) {
+                       int32_t* __restrict__ tokens, SampleTrace* __restrict__ trace, int32_t* __restrict__ tokens_also = nullptr,
+                       int radix_only = 0) {
     using namespace sample_detail;
     using Cl = RowCluster<C>;
 #if defined(SCR_SAMPLE_HOST_EMULATION)
@@ -349,11 +490,12 @@ __global__ void __launch_bounds__(sample_detail::kThreads)
     const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
     // Rank 0 writes the row's results, after the cluster's last barrier (a block's shared memory must
     // outlive its peers' reads of it, so every path ends at one).
+    int radix_path = 0;
     auto emit = [&](int32_t token, uint32_t keep_lo, u64 z, float max_x, int32_t greedy) {
         if (tid == 0 && rank == 0) {
             tokens[r] = token;
             if (tokens_also) tokens_also[r] = token;
-            if (trace) trace[r] = SampleTrace{keep_lo, token, z, max_x, greedy};
+            if (trace) trace[r] = SampleTrace{keep_lo, token, z, max_x, greedy, radix_path};
         }
     };
 
@@ -416,15 +558,30 @@ __global__ void __launch_bounds__(sample_detail::kThreads)
     if (p.min_p > 0.0f) keep_lo = max(keep_lo, order_key(max_x + logf(p.min_p)));
     int digits = 0;  // radix digits histogrammed (the histogram buffers alternate)
     // top_k among the min_p survivors: x >= the k-th largest.
+    bool few = false;  // at most kCand survivors (known after a value-bin top_k): top_p gathers them all
     if (p.top_k > 0 && p.top_k < vocab) {
-        u64 survivors = 0;
-        const uint32_t kth = radix_select<C, false>(row, vocab, s, inv_t, max_x, keep_lo, u64(p.top_k), -1.0f, sh, &survivors, digits);
+        u64 survivors = 0, kept = 0;
+        uint32_t kth = 0;
+        if (!radix_only &&
+            value_select_count<C>(row, vocab, s, inv_t, max_x, keep_lo, u64(p.top_k), sh, &survivors, digits, &kth, &kept)) {
+            few = kept <= u64(kCand);
+        } else {
+            kth = radix_select<C, false>(row, vocab, s, inv_t, max_x, keep_lo, u64(p.top_k), -1.0f, sh, &survivors, digits);
+            radix_path |= 1;
+        }
         if (survivors > u64(p.top_k)) keep_lo = max(keep_lo, kth);
     }
-    // top_p among those: down to the value where the mass from the top reaches p of the total.
+    // top_p among those: down to the value where the mass from the top reaches p of the total. After a
+    // top_k that left few survivors, straight from them; else the radix descent (value bins lose there:
+    // a flat row's boundary bin holds too many elements, docs/CUDA.md "Session 18").
     if (p.top_p < 1.0f) {
-        u64 z = 0;
-        const uint32_t boundary = radix_select<C, true>(row, vocab, s, inv_t, max_x, keep_lo, 0, p.top_p, sh, &z, digits);
+        u64 z = 0, kept = 0;
+        uint32_t boundary = 0;
+        if (!(few && gather_select<C, true>(row, vocab, s, inv_t, max_x, keep_lo, [](uint32_t, float) { return true; }, 0, p.top_p,
+                                            0, sh, &boundary, &kept))) {
+            boundary = radix_select<C, true>(row, vocab, s, inv_t, max_x, keep_lo, 0, p.top_p, sh, &z, digits);
+            radix_path |= 2;
+        }
         keep_lo = max(keep_lo, boundary);
     }
 
@@ -499,7 +656,8 @@ __global__ void __launch_bounds__(sample_detail::kThreads)
 
 // Blocks per row: enough rows fill the GPU with one block each; fewer rows split theirs, up to 8 (the
 // portable cluster size), so that ~128 SMs read them. Small vocabularies are not worth a cluster.
-// SCR_CUDA_SAMPLE_CLUSTER=1/2/4/8 forces one size (A/B runs); the token does not depend on it.
+// SCR_CUDA_SAMPLE_CLUSTER=1/2/4/8 forces one size (A/B runs); the token does not depend on it. (16, a
+// non-portable size, measured slower at every case on the H200: docs/CUDA.md "Session 18".)
 inline int sample_cluster_size(int rows, int vocab) {
     static const int forced = [] {
         const char* e = std::getenv("SCR_CUDA_SAMPLE_CLUSTER");
@@ -511,16 +669,29 @@ inline int sample_cluster_size(int rows, int vocab) {
     return rows <= 16 ? 8 : rows <= 32 ? 4 : rows <= 64 ? 2 : 1;
 }
 
+// SCR_CUDA_SAMPLE_SELECT=radix: top_k and top_p by the radix descent alone (the sampler before the
+// value bins; A/B runs); the same tokens.
+inline bool sample_radix_only() {
+    static const bool on = [] {
+        const char* e = std::getenv("SCR_CUDA_SAMPLE_SELECT");
+        return e && std::strcmp(e, "radix") == 0;
+    }();
+    return on;
+}
+
 #if defined(__CUDACC__)  // (a host-only compile of the kernel, e.g. an emulation, has no launch syntax)
-// blocks_per_row: 0 picks sample_cluster_size; else 1, 2, 4 or 8 (tests).
+// blocks_per_row: 0 picks sample_cluster_size; else 1, 2, 4 or 8 (tests). radix_only: -1 as
+// sample_radix_only(), else 0 or 1 (tests).
 inline void launch_sample_rows(cudaStream_t stream, const float* logits, int vocab, int rows, const SampleParams* params,
-                               int32_t* tokens, SampleTrace* trace, int32_t* tokens_also = nullptr, int blocks_per_row = 0) {
+                               int32_t* tokens, SampleTrace* trace, int32_t* tokens_also = nullptr, int blocks_per_row = 0,
+                               int radix_only = -1) {
+    const int radix = radix_only >= 0 ? radix_only : int(sample_radix_only());
     if (vocab < 1 || vocab > kSampleMaxVocab) throw std::invalid_argument("sample_rows: vocabulary size out of range");
     if (rows <= 0) return;
     if (!logits || !params || !tokens) throw std::invalid_argument("sample_rows: null pointer");
     const int C = blocks_per_row ? blocks_per_row : sample_cluster_size(rows, vocab);
     if (C == 1) {
-        sample_rows_kernel<1><<<rows, sample_detail::kThreads, 0, stream>>>(logits, vocab, params, tokens, trace, tokens_also);
+        sample_rows_kernel<1><<<rows, sample_detail::kThreads, 0, stream>>>(logits, vocab, params, tokens, trace, tokens_also, radix);
         return;
     }
     cudaLaunchConfig_t cfg = {};
@@ -536,9 +707,9 @@ inline void launch_sample_rows(cudaStream_t stream, const float* logits, int voc
     cfg.numAttrs = 1;
     cudaError_t e = cudaErrorInvalidValue;
     switch (C) {
-        case 2: e = cudaLaunchKernelEx(&cfg, sample_rows_kernel<2>, logits, vocab, params, tokens, trace, tokens_also); break;
-        case 4: e = cudaLaunchKernelEx(&cfg, sample_rows_kernel<4>, logits, vocab, params, tokens, trace, tokens_also); break;
-        case 8: e = cudaLaunchKernelEx(&cfg, sample_rows_kernel<8>, logits, vocab, params, tokens, trace, tokens_also); break;
+        case 2: e = cudaLaunchKernelEx(&cfg, sample_rows_kernel<2>, logits, vocab, params, tokens, trace, tokens_also, radix); break;
+        case 4: e = cudaLaunchKernelEx(&cfg, sample_rows_kernel<4>, logits, vocab, params, tokens, trace, tokens_also, radix); break;
+        case 8: e = cudaLaunchKernelEx(&cfg, sample_rows_kernel<8>, logits, vocab, params, tokens, trace, tokens_also, radix); break;
         default: throw std::invalid_argument("sample_rows: blocks per row must be 1, 2, 4 or 8");
     }
     if (e == cudaSuccess) return;
@@ -547,7 +718,7 @@ inline void launch_sample_rows(cudaStream_t stream, const float* logits, int voc
     if (e != cudaErrorInvalidClusterSize)
         throw std::runtime_error(std::string("sample_rows: cluster launch failed: ") + cudaGetErrorString(e));
     (void)cudaGetLastError();
-    sample_rows_kernel<1><<<rows, sample_detail::kThreads, 0, stream>>>(logits, vocab, params, tokens, trace, tokens_also);
+    sample_rows_kernel<1><<<rows, sample_detail::kThreads, 0, stream>>>(logits, vocab, params, tokens, trace, tokens_also, radix);
 }
 #endif
 

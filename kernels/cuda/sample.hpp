@@ -33,6 +33,7 @@ struct SampleTrace {
     unsigned long long z;
     float max_scaled;
     int32_t greedy;
+    int32_t radix_path;  // which selections ran the radix descent: bit 0 top_k, bit 1 top_p
 };
 
 // tokens[r] for r < rows, from logits[r * vocab ...] (16-byte aligned when vocab % 4 == 0 for the vector

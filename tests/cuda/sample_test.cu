@@ -13,8 +13,11 @@
 //     (the k-th value and the top-p boundary inside large tie groups), of floats a few ulps apart (the
 //     k-th and the next in adjacent bins of the last radix digit), and smooth rows: the reference's
 //     kept sets;
+//   * the value-bin top_k and the gathered top_p against the radix descent alone (SCR_CUDA_SAMPLE_SELECT=
+//     radix): the same token, kept set and mass, bit for bit, with every path shown to have run;
 //   * determinism: the same launch twice gives the same tokens;
-//   * timing (printed, not checked): one row and 64 rows at V = 128256.
+//   * timing (printed, not checked): 1, 8 and 64 rows at V = 128256, the radix descent alone against the
+//     default at the launcher's cluster size, and one block per row.
 // Exit: 0 all passed, 1 a check failed, 77 no GPU (ctest skips; SCR_REQUIRE_GPU=1 makes it a failure).
 //
 // Built a second time as scr_cuda_sample_emu (sample_test_emu.cpp, plain C++, no GPU): the same kernel
@@ -51,16 +54,17 @@ void to_host(void* h, const void* d, size_t n) { std::memcpy(h, d, n); }
 void device_fill(void* d, int byte, size_t n) { std::memset(d, byte, n); }
 // Blocks per row of the launches (0: the launcher's choice, sample_cluster_size).
 int g_blocks_per_row = 0;
+int g_radix_only = 0;  // 1: top_k / top_p by the radix descent alone
 int blocks_per_row(int rows, int V) { return g_blocks_per_row ? g_blocks_per_row : sample_cluster_size(rows, V); }
 void launch(const float* logits, int V, int rows, const SampleParams* p, int32_t* tokens, SampleTrace* trace) {
     const int C = blocks_per_row(rows, V);
     for (int r = 0; r < rows; ++r)
         emu::run_cluster(unsigned(r * C), C, [&] {
             switch (C) {
-                case 1: sample_rows_kernel<1>(logits, V, p, tokens, trace); break;
-                case 2: sample_rows_kernel<2>(logits, V, p, tokens, trace); break;
-                case 4: sample_rows_kernel<4>(logits, V, p, tokens, trace); break;
-                default: sample_rows_kernel<8>(logits, V, p, tokens, trace); break;
+                case 1: sample_rows_kernel<1>(logits, V, p, tokens, trace, nullptr, g_radix_only); break;
+                case 2: sample_rows_kernel<2>(logits, V, p, tokens, trace, nullptr, g_radix_only); break;
+                case 4: sample_rows_kernel<4>(logits, V, p, tokens, trace, nullptr, g_radix_only); break;
+                default: sample_rows_kernel<8>(logits, V, p, tokens, trace, nullptr, g_radix_only); break;
             }
         });
 }
@@ -84,8 +88,9 @@ void to_device(void* d, const void* h, size_t n) { CK(cudaMemcpy(d, h, n, cudaMe
 void to_host(void* h, const void* d, size_t n) { CK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost)); }
 void device_fill(void* d, int byte, size_t n) { CK(cudaMemset(d, byte, n)); }
 int g_blocks_per_row = 0;  // blocks per row of the launches (0: the launcher's choice)
+int g_radix_only = 0;      // 1: top_k / top_p by the radix descent alone
 void launch(const float* logits, int V, int rows, const SampleParams* p, int32_t* tokens, SampleTrace* trace) {
-    launch_sample_rows(nullptr, logits, V, rows, p, tokens, trace, nullptr, g_blocks_per_row);
+    launch_sample_rows(nullptr, logits, V, rows, p, tokens, trace, nullptr, g_blocks_per_row, g_radix_only);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
 }
@@ -443,6 +448,83 @@ void test_cluster_sizes(Dev& dev) {
     }
 }
 
+// The value-bin top_k (and the top_p straight from its survivors, when they are few) against the
+// radix descent alone: the same token, kept set (keep_lo) and mass, bit for bit, on smooth rows (the
+// boundary bin small: resolved directly), rows of a few integer values and of adjacent floats (the
+// boundary bin too full: the fallback), every parameter kind, at one block and at several per row.
+// Every path must have run: the value bins for most top_k on smooth rows, the gathered top_p after
+// most small top_k there, and the fallback on some row of ties.
+void test_select_paths(Dev& dev) {
+    Rand rng{4242};
+    for (int V : {scaled(128256, 4100), scaled(32000, 2048)}) {
+        const int rows = scaled(48, 24);
+        std::vector<float> x(size_t(rows) * V);
+        std::vector<SampleParams> ps(rows);
+        for (int r = 0; r < rows; ++r) {
+            float* row = x.data() + size_t(r) * V;
+            const int kind = r % 4;  // 0, 1: smooth (scales 1 to 8), 2: small integers, 3: adjacent floats
+            const double scale = 1.0 + 7.0 * rng.uniform();
+            for (int i = 0; i < V; ++i) {
+                if (kind == 2) row[i] = float(int(rng.next() % 12)) - 6.0f;
+                else if (kind == 3) {
+                    const uint32_t b = 0x3f800000u + uint32_t(rng.next() % uint64_t(2 * V));
+                    std::memcpy(&row[i], &b, 4);
+                } else row[i] = float(rng.normal() * scale);
+            }
+            if (kind == 1) for (int i = 0; i < V; i += 61) row[i] = row[3];  // ties across the row
+            SampleParams& p = ps[r];
+            if (r < int(kParamSets.size()) * 2) p = kParamSets[size_t(r / 2)];
+            else {
+                const int ks[] = {0, 1, 5, 50, 1000, V - 1};
+                p.temperature = float(0.3 + 1.7 * rng.uniform());
+                p.top_k = ks[rng.next() % 6];
+                p.top_p = rng.next() % 4 == 0 ? 1.0f : float(0.05 + 0.94 * rng.uniform());
+                p.min_p = rng.next() % 3 == 0 ? 0.0f : float(0.2 * rng.uniform());
+            }
+            p.uniform = rng.uniform();
+        }
+        for (int C : {1, 8}) {
+            g_blocks_per_row = C;
+            std::vector<SampleTrace> want_tr, tr;
+            g_radix_only = 1;
+            const auto want = dev.run(x, V, ps, &want_tr);
+            g_radix_only = 0;
+            const auto got = dev.rerun(V, ps, &tr);
+            int topk_smooth = 0, topk_radix_smooth = 0, gathered_p = 0, small_kp = 0, ties_radix = 0;
+            for (int r = 0; r < rows; ++r) {
+                const SampleTrace &a = tr[r], &b = want_tr[r];
+                const bool same = got[r] == want[r] && a.keep_lo == b.keep_lo && a.z == b.z && a.token == b.token &&
+                                  order_key(a.max_scaled) == order_key(b.max_scaled);
+                expect(same, text("select paths V=%d row %d C=%d (T %g k %d p %g min_p %g): value bins token %d keep_lo %08x z %llu, "
+                                  "radix %d %08x %llu", V, r, C, double(ps[r].temperature), ps[r].top_k, double(ps[r].top_p),
+                                  double(ps[r].min_p), got[r], a.keep_lo, (unsigned long long)a.z, want[r], b.keep_lo,
+                                  (unsigned long long)b.z));
+                expect(b.radix_path == ((ps[r].top_k > 0 && ps[r].top_k < V ? 1 : 0) | (ps[r].top_p < 1.0f ? 2 : 0)) || a.greedy,
+                       text("select paths V=%d row %d: the radix-only launch reports path %d", V, r, b.radix_path));
+                const bool has_k = ps[r].top_k > 0 && ps[r].top_k < V;
+                if (r % 4 < 2 && has_k) {
+                    ++topk_smooth;
+                    topk_radix_smooth += a.radix_path & 1;
+                    if (ps[r].top_k <= 50 && ps[r].top_p < 1.0f) {
+                        ++small_kp;
+                        gathered_p += !(a.radix_path & 2);
+                    }
+                }
+                if (r % 4 >= 2) ties_radix += a.radix_path & 1;
+            }
+            std::printf("select paths V=%d C=%d: top_k on smooth rows by value bins %d of %d; top_p gathered after a top_k <= 50 %d of %d;"
+                        " top_k by the radix descent on rows of ties %d\n", V, C, topk_smooth - topk_radix_smooth, topk_smooth,
+                        gathered_p, small_kp, ties_radix);
+            expect(topk_radix_smooth * 4 <= topk_smooth && topk_smooth > 0,
+                   text("select paths V=%d C=%d: %d of %d top_k on smooth rows fell back", V, C, topk_radix_smooth, topk_smooth));
+            expect(gathered_p * 4 >= small_kp * 3 && small_kp > 0,
+                   text("select paths V=%d C=%d: top_p gathered after %d of %d small top_k", V, C, gathered_p, small_kp));
+            expect(ties_radix > 0, text("select paths V=%d C=%d: no row of ties exercised the fallback", V, C));
+        }
+        g_blocks_per_row = 0;
+    }
+}
+
 // The draw against the exact probabilities of the reference's kept set.
 void test_frequencies(Dev& dev) {
     const int kRowsPerLaunch = scaled(4096, 128);
@@ -541,29 +623,31 @@ void bench(Dev& dev) {
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
-    // One block per row against the launcher's cluster size, alternating, in the same process.
+    // The launcher's cluster size with the radix descent alone and with the value bins (the default),
+    // and one block per row (value bins), alternating, in the same process.
     for (int rows : {1, 8, 64}) {
         for (const BenchCase& c : kBenchCases) {
             std::vector<SampleParams> ps(rows, c.p);
             to_device(dev.params, ps.data(), rows * sizeof(SampleParams));
             const int auto_c = sample_cluster_size(rows, V);
-            float us[2][3] = {};
+            float us[3][3] = {};
             for (int round = 0; round < 3; ++round)
-                for (int v = 0; v < 2; ++v) {
-                    const int C = v == 0 ? 1 : auto_c;
-                    launch_sample_rows(nullptr, dev.logits, V, rows, dev.params, dev.tokens, nullptr, nullptr, C);
+                for (int v = 0; v < 3; ++v) {
+                    const int C = v == 2 ? 1 : auto_c, radix = v == 0 ? 1 : 0;
+                    launch_sample_rows(nullptr, dev.logits, V, rows, dev.params, dev.tokens, nullptr, nullptr, C, radix);
                     const int iters = 50;
                     CK(cudaEventRecord(a));
                     for (int i = 0; i < iters; ++i)
-                        launch_sample_rows(nullptr, dev.logits, V, rows, dev.params, dev.tokens, nullptr, nullptr, C);
+                        launch_sample_rows(nullptr, dev.logits, V, rows, dev.params, dev.tokens, nullptr, nullptr, C, radix);
                     CK(cudaEventRecord(b));
                     CK(cudaEventSynchronize(b));
                     float ms = 0;
                     CK(cudaEventElapsedTime(&ms, a, b));
                     us[v][round] = 1e3f * ms / iters;
                 }
-            std::printf("timing V=%d rows %2d %-30s us per launch: 1 block per row %6.1f %6.1f %6.1f | %d per row %6.1f %6.1f %6.1f\n", V,
-                        rows, c.name, us[0][0], us[0][1], us[0][2], auto_c, us[1][0], us[1][1], us[1][2]);
+            std::printf("timing V=%d rows %2d %-30s us per launch, %d per row: radix %6.1f %6.1f %6.1f | value bins %6.1f %6.1f %6.1f"
+                        " | 1 per row, value bins %6.1f %6.1f %6.1f\n",
+                        V, rows, c.name, auto_c, us[0][0], us[0][1], us[0][2], us[1][0], us[1][1], us[1][2], us[2][0], us[2][1], us[2][2]);
         }
     }
 }
@@ -602,6 +686,7 @@ int main(int argc, char** argv) {
     test_kept_sets(dev);
     test_random_parameters(dev);
     test_cluster_sizes(dev);
+    test_select_paths(dev);
     if (!quick) test_frequencies(dev);
 #if !defined(SCR_SAMPLE_HOST_EMULATION)
     if (run_bench) bench(dev);
