@@ -14,9 +14,12 @@
 //     gathering the chosen bin's elements (at most kCand over the cluster), whose keys give K
 //     directly; a fuller bin (ties) falls back to the radix descent;
 //   * gathered (top_p after a value-bin top_k that left at most kCand survivors): all of them, no
-//     histogram. Top_p alone stays on the radix descent: on flat rows (random weights) the boundary
-//     bin is too full and the value bins cost more than they save (docs/CUDA.md "Session 18").
-// Passes at most: 1 (max) + 2 (top_k; 3 more when its bin is too full) + 1 or 3 (top_p) + 1 (the draw).
+//     histogram;
+//   * a window (top_p alone): one pass sums the mass and count within 3, 6, 12 and 24 below the
+//     maximum; if the narrowest window holding the rank has at most kCand elements (a peaked row),
+//     they are gathered; else (a flat row) the radix descent. Value bins for top_p were tried: on
+//     flat rows the boundary bin held too many elements (docs/CUDA.md "Session 18").
+// Passes at most: 1 (max) + 2 (top_k; 3 more when its bin is too full) + 1 or 2 or 4 (top_p) + 1 (the draw).
 // Masses are exp(x - max) in fixed point (x 2^42, rounded) summed in 64-bit integers: sums do not
 // depend on the order of addition, so a row's token is deterministic; a token whose probability
 // relative to the top one is below 2^-43 (x < max - 29.8) has mass 0 and is never drawn (at most
@@ -64,6 +67,9 @@ constexpr int kMaxBins = 2048;
 constexpr float kValueScale = 64.0f;
 constexpr int kCand = kThreads < 256 ? kThreads : 256;  // the most elements resolved directly (over the cluster)
 static_assert(kCand <= kThreads, "gather_select sums the candidates with one block scan");
+// top_p's windows below the maximum (x units): window_select takes the narrowest that holds the rank.
+constexpr int kWindows = 4;
+__host__ __device__ constexpr float window_width(int j) { return j == 0 ? 3.0f : j == 1 ? 6.0f : j == 2 ? 12.0f : 24.0f; }
 // The three digits of a key, from the top: bits 31..21, 20..10, 9..0.
 __device__ __forceinline__ int digit_bits(int d) { return d == 2 ? 10 : 11; }
 __device__ __forceinline__ int digit_shift(int d) { return d == 0 ? 21 : d == 1 ? 10 : 0; }
@@ -180,6 +186,10 @@ struct Shared {
     u64 all_w[kCand];
     uint32_t result_key;
     u64 result_kept;
+    // top_p's windows (window_select): each warp's sums, this block's, the cluster's.
+    u64 win_warp[kWarps][2 * kWindows + 1];
+    u64 win_block[2 * kWindows + 1];
+    u64 win_all[2 * kWindows + 1];
 };
 
 // The row's cluster of C blocks: rank = blockIdx.x % C (a one-dimensional cluster), a barrier over all
@@ -468,6 +478,64 @@ __device__ bool value_select_count(const float* row, int vocab, Slice s, float i
                                    need, -1.0f, rank - need, sh, key, kept);
 }
 
+// top_p alone, when the row is peaked: one pass sums, over the cluster, the total mass Z of the
+// survivors (key >= keep_lo, mass > 0) and the count and mass of those within each window below the
+// maximum (max - x <= window_width(j)). If the narrowest window whose mass reaches rank =
+// ceil(top_p Z) (clamped to [1, Z]) holds at most kCand elements, gather_select finds the key among
+// them (every element above it lies in the window, so it is radix_select's key). Returns false,
+// having decided nothing, otherwise (a flat row: the caller runs the radix descent).
+template <int C>
+__device__ bool window_select(const float* row, int vocab, Slice s, float inv_t, float max_x, uint32_t keep_lo, float top_p,
+                              Shared& sh, uint32_t* key) {
+    using Cl = RowCluster<C>;
+    constexpr int N = 2 * kWindows + 1;  // Z, then (count, mass) per window
+    u64 v[N] = {};
+    for_each_uniform(row, vocab, s, inv_t, [&](int, float x) {
+        if (order_key(x) < keep_lo) return;
+        const u64 w = mass_of(x, max_x);
+        const float below = max_x - x;
+        v[0] += w;
+#pragma unroll
+        for (int j = 0; j < kWindows; ++j)
+            if (w > 0 && below <= window_width(j)) {
+                v[1 + 2 * j] += 1;
+                v[2 + 2 * j] += w;
+            }
+    });
+    const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+        for (int o = 16; o > 0; o >>= 1) v[i] += shfl_xor(v[i], o);
+    if (lane == 0)
+        for (int i = 0; i < N; ++i) sh.win_warp[warp][i] = v[i];
+    __syncthreads();
+    if (threadIdx.x < unsigned(N)) {
+        u64 t = 0;
+        for (int w = 0; w < kWarps; ++w) t += sh.win_warp[w][threadIdx.x];
+        sh.win_block[threadIdx.x] = t;
+    }
+    Cl::sync();  // every block's sums are in
+    if (threadIdx.x < unsigned(N)) {
+        u64 t = 0;
+        for (int r = 0; r < C; ++r) t += Cl::peer(sh.win_block, r)[threadIdx.x];
+        sh.win_all[threadIdx.x] = t;
+    }
+    __syncthreads();
+    const u64 z = sh.win_all[0];
+    u64 rank = u64(ceil(double(top_p) * double(z)));  // as histogram_digit
+    if (rank < 1) rank = 1;
+    if (rank > z) rank = z;
+    int j = 0;
+    while (j < kWindows && sh.win_all[2 + 2 * j] < rank) ++j;
+    const bool fits = j < kWindows && sh.win_all[1 + 2 * j] <= u64(kCand);
+    Cl::sync();  // every thread has read the sums; the peers are done with this block's
+    if (!fits) return false;
+    const float width = window_width(j);
+    u64 kept = 0;
+    return gather_select<C, true>(row, vocab, s, inv_t, max_x, keep_lo, [=](uint32_t, float x) { return max_x - x <= width; }, rank,
+                                  -1.0f, 0, sh, key, &kept);
+}
+
 }  // namespace sample_detail
 
 // Grid: rows x C blocks, clusters of C (C > 1); block b serves row b / C.
@@ -572,13 +640,16 @@ __global__ void __launch_bounds__(sample_detail::kThreads)
         if (survivors > u64(p.top_k)) keep_lo = max(keep_lo, kth);
     }
     // top_p among those: down to the value where the mass from the top reaches p of the total. After a
-    // top_k that left few survivors, straight from them; else the radix descent (value bins lose there:
-    // a flat row's boundary bin holds too many elements, docs/CUDA.md "Session 18").
+    // top_k that left few survivors, straight from them; else from a window below the maximum when
+    // the row is peaked enough; else the radix descent. On a flat row the window's pass is lost
+    // (~8 us at one row of 128k: docs/CUDA.md "Session 18").
     if (p.top_p < 1.0f) {
         u64 z = 0, kept = 0;
         uint32_t boundary = 0;
-        if (!(few && gather_select<C, true>(row, vocab, s, inv_t, max_x, keep_lo, [](uint32_t, float) { return true; }, 0, p.top_p,
-                                            0, sh, &boundary, &kept))) {
+        const bool done = few ? gather_select<C, true>(row, vocab, s, inv_t, max_x, keep_lo, [](uint32_t, float) { return true; }, 0,
+                                                       p.top_p, 0, sh, &boundary, &kept)
+                              : !radix_only && window_select<C>(row, vocab, s, inv_t, max_x, keep_lo, p.top_p, sh, &boundary);
+        if (!done) {
             boundary = radix_select<C, true>(row, vocab, s, inv_t, max_x, keep_lo, 0, p.top_p, sh, &z, digits);
             radix_path |= 2;
         }

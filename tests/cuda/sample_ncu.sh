@@ -4,7 +4,7 @@
 #   OUT=$OUT [CASES="2 3"] [ENVS="SCR_CUDA_SAMPLE_SELECT= SCR_CUDA_SAMPLE_SELECT=radix"] bash tests/cuda/sample_ncu.sh CARRY_DIR
 # CARRY_DIR/bin.tar.xz holds scr_cuda_sample (tests/cuda/pack_carry.sh). For each case K of its
 # bench table (scr_cuda_sample --profile K: 0 greedy, 1 T=1, 2 top_k 50, 3 top_p 0.95, 4 k + p +
-# min_p) and each environment, the second of two launches is profiled; a digest of the headline
+# min_p, 5 top_p 0.9 on a peaked row) and each environment, the second of two launches is profiled; a digest of the headline
 # metrics and the SASS instructions with the most stall samples goes to stdout (ncu_digest,
 # tests/cuda/device_lib.sh), the reports to $OUT.
 set -u

@@ -13,8 +13,9 @@
 //     (the k-th value and the top-p boundary inside large tie groups), of floats a few ulps apart (the
 //     k-th and the next in adjacent bins of the last radix digit), and smooth rows: the reference's
 //     kept sets;
-//   * the value-bin top_k and the gathered top_p against the radix descent alone (SCR_CUDA_SAMPLE_SELECT=
-//     radix): the same token, kept set and mass, bit for bit, with every path shown to have run;
+//   * the value-bin top_k, the gathered top_p and the top_p from a window (peaked rows) against the radix
+//     descent alone (SCR_CUDA_SAMPLE_SELECT=radix): the same token, kept set and mass, bit for bit, with
+//     every path shown to have run;
 //   * determinism: the same launch twice gives the same tokens;
 //   * timing (printed, not checked): 1, 8 and 64 rows at V = 128256, the radix descent alone against the
 //     default at the launcher's cluster size, and one block per row.
@@ -448,30 +449,35 @@ void test_cluster_sizes(Dev& dev) {
     }
 }
 
-// The value-bin top_k (and the top_p straight from its survivors, when they are few) against the
-// radix descent alone: the same token, kept set (keep_lo) and mass, bit for bit, on smooth rows (the
-// boundary bin small: resolved directly), rows of a few integer values and of adjacent floats (the
-// boundary bin too full: the fallback), every parameter kind, at one block and at several per row.
-// Every path must have run: the value bins for most top_k on smooth rows, the gathered top_p after
-// most small top_k there, and the fallback on some row of ties.
+// The value-bin top_k, the top_p straight from its survivors (when they are few) and the top_p from a
+// window below the maximum (peaked rows) against the radix descent alone: the same token, kept set
+// (keep_lo) and mass, bit for bit, on smooth rows (the boundary bin small: resolved directly), rows
+// of a few integer values and of adjacent floats (the boundary bin too full: the fallback), peaked
+// rows (a few tokens far above a normal bulk), every parameter kind, at one block and at several per
+// row. Every path must have run: the value bins for most top_k on smooth rows, the gathered top_p
+// after most small top_k there, the window for most top_p alone on peaked rows, and the fallback on
+// some row of ties.
 void test_select_paths(Dev& dev) {
     Rand rng{4242};
     for (int V : {scaled(128256, 4100), scaled(32000, 2048)}) {
-        const int rows = scaled(48, 24);
+        const int rows = scaled(60, 30);
         std::vector<float> x(size_t(rows) * V);
         std::vector<SampleParams> ps(rows);
         for (int r = 0; r < rows; ++r) {
             float* row = x.data() + size_t(r) * V;
-            const int kind = r % 4;  // 0, 1: smooth (scales 1 to 8), 2: small integers, 3: adjacent floats
+            const int kind = r % 5;  // 0, 1: smooth (scales 1 to 8), 2: small integers, 3: adjacent floats, 4: peaked
             const double scale = 1.0 + 7.0 * rng.uniform();
             for (int i = 0; i < V; ++i) {
                 if (kind == 2) row[i] = float(int(rng.next() % 12)) - 6.0f;
                 else if (kind == 3) {
                     const uint32_t b = 0x3f800000u + uint32_t(rng.next() % uint64_t(2 * V));
                     std::memcpy(&row[i], &b, 4);
-                } else row[i] = float(rng.normal() * scale);
+                } else if (kind == 4) row[i] = float(rng.normal());
+                else row[i] = float(rng.normal() * scale);
             }
             if (kind == 1) for (int i = 0; i < V; i += 61) row[i] = row[3];  // ties across the row
+            if (kind == 4)  // 1-8 tokens 12-20 above the bulk, two of them tied
+                for (int j = 0, n = 1 + int(rng.next() % 8); j < n; ++j) row[rng.next() % uint64_t(V)] = float(12.0 + 8.0 * rng.uniform());
             SampleParams& p = ps[r];
             if (r < int(kParamSets.size()) * 2) p = kParamSets[size_t(r / 2)];
             else {
@@ -480,6 +486,11 @@ void test_select_paths(Dev& dev) {
                 p.top_k = ks[rng.next() % 6];
                 p.top_p = rng.next() % 4 == 0 ? 1.0f : float(0.05 + 0.94 * rng.uniform());
                 p.min_p = rng.next() % 3 == 0 ? 0.0f : float(0.2 * rng.uniform());
+            }
+            if (kind == 4) {  // top_p alone
+                p.top_k = 0;
+                p.top_p = float(0.5 + 0.49 * rng.uniform());
+                p.temperature = float(0.5 + 1.0 * rng.uniform());
             }
             p.uniform = rng.uniform();
         }
@@ -490,7 +501,7 @@ void test_select_paths(Dev& dev) {
             const auto want = dev.run(x, V, ps, &want_tr);
             g_radix_only = 0;
             const auto got = dev.rerun(V, ps, &tr);
-            int topk_smooth = 0, topk_radix_smooth = 0, gathered_p = 0, small_kp = 0, ties_radix = 0;
+            int topk_smooth = 0, topk_radix_smooth = 0, gathered_p = 0, small_kp = 0, ties_radix = 0, peaked = 0, windowed = 0;
             for (int r = 0; r < rows; ++r) {
                 const SampleTrace &a = tr[r], &b = want_tr[r];
                 const bool same = got[r] == want[r] && a.keep_lo == b.keep_lo && a.z == b.z && a.token == b.token &&
@@ -502,7 +513,11 @@ void test_select_paths(Dev& dev) {
                 expect(b.radix_path == ((ps[r].top_k > 0 && ps[r].top_k < V ? 1 : 0) | (ps[r].top_p < 1.0f ? 2 : 0)) || a.greedy,
                        text("select paths V=%d row %d: the radix-only launch reports path %d", V, r, b.radix_path));
                 const bool has_k = ps[r].top_k > 0 && ps[r].top_k < V;
-                if (r % 4 < 2 && has_k) {
+                if (r % 5 == 4) {
+                    ++peaked;
+                    windowed += !(a.radix_path & 2);
+                }
+                if (r % 5 < 2 && has_k) {
                     ++topk_smooth;
                     topk_radix_smooth += a.radix_path & 1;
                     if (ps[r].top_k <= 50 && ps[r].top_p < 1.0f) {
@@ -510,11 +525,13 @@ void test_select_paths(Dev& dev) {
                         gathered_p += !(a.radix_path & 2);
                     }
                 }
-                if (r % 4 >= 2) ties_radix += a.radix_path & 1;
+                if (r % 5 == 2 || r % 5 == 3) ties_radix += a.radix_path & 1;
             }
             std::printf("select paths V=%d C=%d: top_k on smooth rows by value bins %d of %d; top_p gathered after a top_k <= 50 %d of %d;"
-                        " top_k by the radix descent on rows of ties %d\n", V, C, topk_smooth - topk_radix_smooth, topk_smooth,
-                        gathered_p, small_kp, ties_radix);
+                        " top_p alone on peaked rows from a window %d of %d; top_k by the radix descent on rows of ties %d\n", V, C,
+                        topk_smooth - topk_radix_smooth, topk_smooth, gathered_p, small_kp, windowed, peaked, ties_radix);
+            expect(windowed * 4 >= peaked * 3 && peaked > 0,
+                   text("select paths V=%d C=%d: top_p from a window on %d of %d peaked rows", V, C, windowed, peaked));
             expect(topk_radix_smooth * 4 <= topk_smooth && topk_smooth > 0,
                    text("select paths V=%d C=%d: %d of %d top_k on smooth rows fell back", V, C, topk_radix_smooth, topk_smooth));
             expect(gathered_p * 4 >= small_kp * 3 && small_kp > 0,
@@ -599,7 +616,8 @@ const BenchCase kBenchCases[] = {{"greedy", greedy_params()},
                                  {"T=1", {1.0f, 0, 1.0f, 0.0f, 0.5}},
                                  {"T=0.7 top_k=50", {0.7f, 50, 1.0f, 0.0f, 0.5}},
                                  {"T=1 top_p=0.95", {1.0f, 0, 0.95f, 0.0f, 0.5}},
-                                 {"T=0.8 k=50 p=0.9 min_p=0.05", {0.8f, 50, 0.9f, 0.05f, 0.5}}};
+                                 {"T=0.8 k=50 p=0.9 min_p=0.05", {0.8f, 50, 0.9f, 0.05f, 0.5}},
+                                 {"T=0.25 top_p=0.9 (peaked)", {0.25f, 0, 0.9f, 0.0f, 0.5}}};  // x = logit x 4: a peaked row
 constexpr int kBenchV = 128256;
 void bench_logits(Dev& dev, int rows) {
     Rand rng{99};
