@@ -1,5 +1,5 @@
 #!/bin/bash
-# The sampler's clusters (kernels/cuda/sample.cuh: a row split over 2-8 blocks) on the GPU machine,
+# Two variants of the GPU sampler (kernels/cuda/sample.cuh; by default one block per row against clusters of 2-8) on the GPU machine,
 # in one call:
 #   OUT=$OUT [MODELS="1b"] [FORMATS="int4 bf16"] [ROUNDS=2] [TEST_FILTER=...] [SAMPLE_ONLY=1]
 #       [A_ENV=SCR_CUDA_SAMPLE_CLUSTER=1] [B_ENV=SCR_CUDA_SAMPLE_CLUSTER=0] [SAMPLED="--temperature 0.8 ..."]
@@ -42,15 +42,15 @@ if [ -n "${2:-}" ]; then
         echo "racecheck sample: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|^PASSED|^FAILED' "$LOGS/racecheck_sample.txt" | tr '\n' ' ')"
     fi
     if [ -z "${SAMPLE_ONLY:-}" ]; then
-    step cuda_tests 400 $T/scr_cuda_tests ${TEST_FILTER:+--gtest_filter="$TEST_FILTER"}
-    echo "cuda_tests: $(grep -E '^\[  (PASSED|FAILED) |tests? ran' "$LOGS/cuda_tests.txt" | tr '\n' ' ')"
-    grep -E '^\[  FAILED|Failure' "$LOGS/cuda_tests.txt" | head -20
-    step memcheck_sampling 300 compute-sanitizer --tool memcheck --error-exitcode 9 $T/scr_cuda_tests --gtest_filter='CudaSampling*:CudaRunAhead*'
-    echo "memcheck sampling: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$LOGS/memcheck_sampling.txt" | tr '\n' ' ')"
-    F=tests/fixtures
-    step fixtures 200 python3 tests/cuda/fixture_check.py $T/scr $F/LlamaForCausalLM $F/Qwen3ForCausalLM $F/Qwen3MoeForCausalLM \
-        $F/long/LlamaForCausalLM $F/long/Qwen3ForCausalLM $F/long/Qwen3MoeForCausalLM $F/long/MistralForCausalLM
-    echo "fixtures: $(tail -3 "$LOGS/fixtures.txt" | tr '\n' ' ')"
+        step cuda_tests 400 $T/scr_cuda_tests ${TEST_FILTER:+--gtest_filter="$TEST_FILTER"}
+        echo "cuda_tests: $(grep -E '^\[  (PASSED|FAILED) |tests? ran' "$LOGS/cuda_tests.txt" | tr '\n' ' ')"
+        grep -E '^\[  FAILED|Failure' "$LOGS/cuda_tests.txt" | head -20
+        step memcheck_sampling 300 compute-sanitizer --tool memcheck --error-exitcode 9 $T/scr_cuda_tests --gtest_filter='CudaSampling*:CudaRunAhead*'
+        echo "memcheck sampling: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$LOGS/memcheck_sampling.txt" | tr '\n' ' ')"
+        F=tests/fixtures
+        step fixtures 200 python3 tests/cuda/fixture_check.py $T/scr $F/LlamaForCausalLM $F/Qwen3ForCausalLM $F/Qwen3MoeForCausalLM \
+            $F/long/LlamaForCausalLM $F/long/Qwen3ForCausalLM $F/long/Qwen3MoeForCausalLM $F/long/MistralForCausalLM
+        echo "fixtures: $(tail -3 "$LOGS/fixtures.txt" | tr '\n' ' ')"
     fi
     unset SCR_REQUIRE_GPU
 fi
@@ -86,13 +86,13 @@ if [ -n "${1:-}" ] && [ "$1" != - ]; then
                         step lat_${m}_${f}_${how}_${c}_$r 300 env "$([ $c = 1 ] && echo "$A_ENV" || echo "$B_ENV")" \
                             $S bench "$d" --mode latency --concurrency 1 --num-prompts 3 --input-len 128 --output-len 256 \
                             --prefix-caching off $([ $how = sampled ] && echo "$SAMPLED" || echo "--temperature 0")
-                        echo "$m $f $how cluster $c round $r: $(grep -h -E 'output tokens/s|TPOT' "$LOGS/lat_${m}_${f}_${how}_${c}_$r.txt" | tr -s ' ' | tr '\n' ' ')"
+                        echo "$m $f $how variant $c round $r: $(grep -h -E 'output tokens/s|TPOT' "$LOGS/lat_${m}_${f}_${how}_${c}_$r.txt" | tr -s ' ' | tr '\n' ' ')"
                     done
                 done
                 for c in 1 auto; do
                     step cb_${m}_${f}_${c}_$r 300 env "$([ $c = 1 ] && echo "$A_ENV" || echo "$B_ENV")" \
                         $S cuda-bench "$d" --prompt 128 --decode 128 --prefill 0 --batches 1
-                    echo "$m $f cuda-bench cluster $c round $r: $(grep -h -E '^decode batch|step parts' "$LOGS/cb_${m}_${f}_${c}_$r.txt" | tr -s ' ' | tr '\n' ' ')"
+                    echo "$m $f cuda-bench variant $c round $r: $(grep -h -E '^decode batch|step parts' "$LOGS/cb_${m}_${f}_${c}_$r.txt" | tr -s ' ' | tr '\n' ' ')"
                 done
             done
         done
