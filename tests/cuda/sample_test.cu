@@ -476,7 +476,7 @@ void test_select_paths(Dev& dev) {
                 else row[i] = float(rng.normal() * scale);
             }
             if (kind == 1) for (int i = 0; i < V; i += 61) row[i] = row[3];  // ties across the row
-            if (kind == 4)  // 1-8 tokens 12-20 above the bulk, two of them tied
+            if (kind == 4)  // 1-8 tokens 12-20 above the bulk
                 for (int j = 0, n = 1 + int(rng.next() % 8); j < n; ++j) row[rng.next() % uint64_t(V)] = float(12.0 + 8.0 * rng.uniform());
             SampleParams& p = ps[r];
             if (r < int(kParamSets.size()) * 2) p = kParamSets[size_t(r / 2)];
