@@ -65,8 +65,9 @@ constexpr int kMaxBins = 2048;
 // Value bins: bin 2047 - floor((max - x) * 64), the last one clamped (its x lie 32 or more below the
 // maximum, where the masses are already 0); so the highest bin holds the largest x, like a radix digit.
 constexpr float kValueScale = 64.0f;
-constexpr int kCand = kThreads < 256 ? kThreads : 256;  // the most elements resolved directly (over the cluster)
-static_assert(kCand <= kThreads, "gather_select sums the candidates with one block scan");
+// The most elements gather_select resolves directly (over the cluster); at most one per thread, as it
+// sums them with one block scan.
+constexpr int kCand = kThreads < 256 ? kThreads : 256;
 // top_p's windows below the maximum (x units): window_select takes the narrowest that holds the rank.
 constexpr int kWindows = 4;
 __host__ __device__ constexpr float window_width(int j) { return j == 0 ? 3.0f : j == 1 ? 6.0f : j == 2 ? 12.0f : 24.0f; }

@@ -19,11 +19,8 @@ for m in ${MODELS:-1b 8b}; do
     q=$M-int4
     step quant_$m 400 $C/scr quantize "$M" "$q" --preset mlx-int4-g64
     rm -rf "$M"
-    timeout 300 ncu --kernel-name "${KERNEL:-regex:rope_attention}" --launch-skip "${SKIP:-600}" --launch-count 1 \
-        --clock-control none --set full --import-source no -o "/tmp/scr-attn-ncu-$m" -f \
-        $C/scr cuda-bench "$q" --prompt 128 --decode 128 --prefill 0 --batches 1 > "$OUT/ncu_run_$m.txt" 2>&1
-    echo "==== $m rc=$?"
-    ncu_digest "/tmp/scr-attn-ncu-$m" "$m"
+    ncu_profile "$m" "${KERNEL:-regex:rope_attention}" "${SKIP:-600}" 300 \
+        $C/scr cuda-bench "$q" --prompt 128 --decode 128 --prefill 0 --batches 1
     rm -rf "$q"
 done
 printf '%s\n' "${summary[@]}"

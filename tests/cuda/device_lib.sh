@@ -12,6 +12,11 @@
 #                                     $OUT/ncu_KEY.txt, the stall samples per SASS instruction (ncu's
 #                                     source page as CSV) in $OUT/sass_KEY.csv, and on stdout a digest
 #                                     of the headline metrics and the instructions with the most samples;
+#   ncu_profile KEY KERNEL SKIP LIMIT CMD...
+#                                     Nsight Compute's full set (clocks as found) on the launch after
+#                                     SKIP launches of kernels matching KERNEL while CMD runs (its output
+#                                     in $OUT/ncu_run_KEY.txt; at most LIMIT s), "==== KEY rc=..." on
+#                                     stdout, then ncu_digest of the report;
 #   make_model_any KEY                make_model, or (a quantized-only scr cannot make a bf16
 #                                     checkpoint) the same random bf16 checkpoint made by transformers
 #                                     with our config.json, as step make_py_KEY (1b / 8b only).
@@ -50,6 +55,14 @@ with torch.device('cuda'):
 m.save_pretrained('$M', safe_serialization=True)
 "
     cp $cfg $M/config.json  # transformers 5 rewrites rope_scaling as rope_parameters; the tensors are the same
+}
+ncu_profile() {
+    local key=$1 kernel=$2 skip=$3 limit=$4
+    shift 4
+    timeout "$limit" ncu --kernel-name "$kernel" --launch-skip "$skip" --launch-count 1 --clock-control none \
+        --set full --import-source no -o "/tmp/scr-ncu-$key" -f "$@" > "$OUT/ncu_run_$key.txt" 2>&1
+    echo "==== $key rc=$?"
+    ncu_digest "/tmp/scr-ncu-$key" "$key"
 }
 ncu_digest() {
     local rep=$1 key=$2

@@ -18,11 +18,6 @@ export SCR_REQUIRE_GPU=1
 read -r -a ENV_LIST <<< "${ENVS:-SCR_CUDA_SAMPLE_SELECT=}"
 for k in ${CASES:-3}; do
     for e in "${ENV_LIST[@]}"; do
-        key="case${k}_${e//[^A-Za-z0-9]/_}"
-        timeout 200 env "$e" ncu --kernel-name regex:sample_rows_kernel --launch-skip 1 --launch-count 1 --clock-control none \
-            --set full --import-source no -o "/tmp/scr-sample-ncu-$key" -f \
-            $C/scr_cuda_sample --profile "$k" > "$OUT/ncu_run_$key.txt" 2>&1
-        echo "==== case $k, $e: rc=$?"
-        ncu_digest "/tmp/scr-sample-ncu-$key" "$key"
+        (export "$e"; ncu_profile "case${k}_${e//[^A-Za-z0-9]/_}" regex:sample_rows_kernel 1 200 $C/scr_cuda_sample --profile "$k")
     done
 done

@@ -17,9 +17,6 @@ LOGS=$OUT
 device_unpack "$CARRY" /tmp/scr-tc1-ncu-bin
 export SCR_REQUIRE_GPU=1
 for s in $SHAPES; do
-    timeout 200 ncu --kernel-name "${KERNEL:-regex:quant_mma1_kernel}" --launch-count 1 --clock-control none \
-        --set full --import-source no -o "/tmp/scr-tc1-ncu-$s" -f \
-        $C/scr_cuda_quant_gemv --no-bench --formats "${FORMAT:-mlx-int4-g64}" --shapes "$s" > "$OUT/ncu_run_$s.txt" 2>&1
-    echo "==== $s rc=$?"
-    ncu_digest "/tmp/scr-tc1-ncu-$s" "$s"
+    ncu_profile "$s" "${KERNEL:-regex:quant_mma1_kernel}" 0 200 \
+        $C/scr_cuda_quant_gemv --no-bench --formats "${FORMAT:-mlx-int4-g64}" --shapes "$s"
 done
