@@ -477,7 +477,7 @@ template <int HQ, int HKV, int D, int ROT, int BS, typename KVT, int NW = attent
 __global__ void __launch_bounds__(NW * kWarp, attention_min_blocks(NW))
 rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                       const __grid_constant__ RopeFreqs<ROT / 2> f, std::byte* kv, int64_t block_bytes, int64_t k_off, int64_t v_off,
-                      float scale, const AttnExtras x, float* __restrict__ out, const __grid_constant__ L2Plan pf) {
+                      float scale, const AttnExtras x, float* __restrict__ out, const __grid_constant__ L2Plan pf, PdlTrigger trig) {
     constexpr int G = HQ / HKV;
     static_assert(G % GS == 0, "the head split must divide the query group");
     constexpr int GH = G / GS;  // query heads of this block
@@ -487,7 +487,7 @@ rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, c
     __shared__ __align__(16) float sm_v[D];
     __shared__ float sm_cos[kHalf], sm_sin[kHalf];
 
-    pdl_trigger();
+    if (trig == PdlTrigger::start) pdl_trigger();
     const int t = blockIdx.x, g = blockIdx.y / GS, h0 = (blockIdx.y % GS) * GH;
     const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
     if (t >= rows) {  // the blocks past the tokens prefetch upcoming weights (read-only: no wait needed)
@@ -518,6 +518,7 @@ rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, c
     }
     __syncthreads();  // sm_cos / sm_sin
     pdl_wait();
+    if (trig != PdlTrigger::start) pdl_trigger();
     float* o = out + (size_t(t) * HQ + size_t(g) * G + h0) * D;
     if (padding) {  // graph padding: a defined output, no reads, no KV write
         for (int i = threadIdx.x; i < GH * D; i += blockDim.x) o[i] = 0.0f;
@@ -772,6 +773,16 @@ inline bool rope_attention_fused_on() {
     return on;
 }
 
+// Where the fused decode attention calls pdl_trigger() (PdlTrigger): after its pdl_wait(), so the
+// o projection's blocks start once the QKV launch is done, not beside it. H200, one call, device ms
+// per token against the start (sessions 4-18; SCR_CUDA_ATTN_TRIGGER=start): 1B MLX int4 0.526 /
+// 0.528, 1B bf16 0.792 / 0.797, 8B MLX int4 2.086 / 2.096, 8B bf16 4.105 / 4.115 (docs/CUDA.md
+// "Session 19"); the same bits.
+inline PdlTrigger rope_attention_trigger() {
+    static const PdlTrigger v = pdl_trigger_choice("SCR_CUDA_ATTN_TRIGGER", PdlTrigger::after_wait);
+    return v;
+}
+
 // RoPE on q and k, this step's K and V into their KV slots, then attention (what rope_append
 // followed by attention does): one launch for decode steps with one token per sequence and at most
 // kAttentionFusedMaxRows rows, otherwise those two launches (rotated q goes to q_out).
@@ -785,7 +796,7 @@ void rope_attention(const Ctx& c, int rows, const float* q, const float* k, cons
     if (c.one_token_per_seq && rows >= kAttentionManyRows && rows <= kAttentionFusedMaxRows && rope_attention_fused_on()) {
         constexpr int NWM = std::min(detail::attention_warps<HQ / HKV, D>(), kAttentionManyRowsWarps);
         launch(c, detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT, NWM>, dim3(rows, HKV), dim3(NWM * kWarp), rows, c.step, q, k,
-               v, f, kv, block_bytes, k_off, v_off, scale, extras, out, L2Plan{});
+               v, f, kv, block_bytes, k_off, v_off, scale, extras, out, L2Plan{}, rope_attention_trigger());
         return;
     }
     if (c.one_token_per_seq && rows <= kAttentionDecodeMaxRows && rope_attention_fused_on()) {
@@ -799,14 +810,14 @@ void rope_attention(const Ctx& c, int rows, const float* q, const float* k, cons
             auto kernel = vec ? detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT, NW, GS, kVec>
                               : detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT, NW, GS, false>;
             launch(c, kernel, dim3(rows + extra, HKV * GS), dim3(NW * kWarp), rows, c.step, q, k, v, f, kv, block_bytes, k_off, v_off, scale,
-                   extras, out, pf);
+                   extras, out, pf, rope_attention_trigger());
             return;
         }
         const int extra = ceil_div(l2_prefetch_blocks(pf, NW * kWarp), HKV);
         auto kernel = vec ? detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT, NW, 1, kVec>
                           : detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT, NW, 1, false>;
         launch(c, kernel, dim3(rows + extra, HKV), dim3(NW * kWarp), rows, c.step, q, k, v, f, kv, block_bytes, k_off, v_off, scale, extras,
-               out, pf);
+               out, pf, rope_attention_trigger());
         return;
     }
     rope_append<HQ, HKV, D, ROT, BS, KVT>(c, rows, q, k, v, q_out, f, kv, block_bytes, k_off, v_off);

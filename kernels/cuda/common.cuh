@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "kernels/cuda/step.hpp"
@@ -100,6 +101,24 @@ __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// Where a kernel calls pdl_trigger(), for the kernels that take it as an argument: at its start,
+// once the previous kernel is done (right after its pdl_wait()), or after its main loop. Only the
+// scheduling changes, never a value. The next launch's blocks then take the SM slots this grid
+// leaves free and issue their first weight loads while it runs. Earliest is not best everywhere: a
+// trigger at the start also lets the launch after next start, whose loads then probably compete
+// with the running kernel's stream (H200, device time per token: the one-row int4 GEMV after its
+// wait 5 % faster than after its loop and ~1 % faster than at its start; docs/CUDA.md "Session 19").
+// `env` (start / wait / loop) overrides `fallback`, for A/B runs.
+enum class PdlTrigger : int { after_loop = 0, after_wait = 1, start = 2 };
+inline PdlTrigger pdl_trigger_choice(const char* env, PdlTrigger fallback) {
+    const char* e = std::getenv(env);
+    if (!e) return fallback;
+    if (std::strcmp(e, "wait") == 0) return PdlTrigger::after_wait;
+    if (std::strcmp(e, "start") == 0) return PdlTrigger::start;
+    if (std::strcmp(e, "loop") == 0) return PdlTrigger::after_loop;
+    return fallback;
 }
 
 // ---- L2 prefetch of upcoming weights (issue #6) ----

@@ -63,6 +63,7 @@ struct LinearParams {
     int rows = 0;
     L2Plan l2;  // GEMV only: upcoming weights its blocks prefetch into L2 (common.cuh)
     bool prefetch_next = false;  // GEMV only: a tile's last load round is followed by the next tile's first
+    PdlTrigger trigger = PdlTrigger::start;  // GEMV only: where it calls pdl_trigger() (start, or after its wait)
 };
 
 // Warps per weight row: enough (row, split) warps to keep ~16k warps of loads in flight over the
@@ -283,6 +284,14 @@ __device__ __forceinline__ void gemv_finish(const LinearParams& p, const GemvWar
     }
 }
 
+// Where the GEMV calls pdl_trigger() (PdlTrigger): at its start. SCR_CUDA_GEMV_TRIGGER=wait (after
+// its pdl_wait(), for A/B runs) measured 0.3-0.6 % slower on the H200 (1B / 8B bf16, docs/CUDA.md
+// "Session 19"; why was not profiled).
+inline PdlTrigger gemv_trigger() {
+    static const PdlTrigger v = pdl_trigger_choice("SCR_CUDA_GEMV_TRIGGER", PdlTrigger::start);
+    return v;
+}
+
 // SCR_CUDA_GEMV_NEXT=0: a block walking several tiles issues a tile's first weight loads only once
 // the previous tile is summed and stored (the kernel before session 11), instead of right after the
 // previous tile's last products, so that they fly during its butterflies, barrier and stores.
@@ -302,9 +311,15 @@ inline bool gemv_prefetch_next_tile() {
 template <int K, typename WT, int TR, int KSPLIT, bool SWIGLU, bool NORM, int RW, int KB>
 __global__ void __launch_bounds__(kGemvWarps * kWarp, 2) gemv_kernel(const __grid_constant__ LinearParams p) {
     using Tile = GemvWarpTile<K, WT, TR, KSPLIT, SWIGLU, RW>;
-    pdl_trigger();
+    if (p.trigger == PdlTrigger::start) pdl_trigger();
     l2_prefetch_part(p.l2, blockIdx.x, gridDim.x);  // the next launches' weights (none unless the emitter asked)
     bool waited = false;  // pdl_wait() comes after the first weight loads are in flight
+    const auto wait_once = [&] {
+        if (waited) return;
+        pdl_wait();
+        if (p.trigger != PdlTrigger::start) pdl_trigger();
+        waited = true;
+    };
     const int tiles = (p.n_total + Tile::kRowsPerCta - 1) / Tile::kRowsPerCta * ((p.rows + TR - 1) / TR);
     const int c_begin = Tile::c_begin(), c_end = Tile::c_end();
     uint4 wv[KB][RW], uv[KB][SWIGLU ? RW : 1];
@@ -327,10 +342,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp, 2) gemv_kernel(const __gri
             bool loaded_next = false;
             if (cur.any_active) {
                 for (int c0 = c_begin; c0 < c_end; c0 += kWarp * KB) {
-                    if (!waited) {
-                        pdl_wait();
-                        waited = true;
-                    }
+                    wait_once();
                     gemv_round<K, WT, TR, SWIGLU, NORM, RW, KB>(p, cur.row0, cur.rows, c0, c_end, wv, uv, acc, ss);
                     if (c0 + kWarp * KB < c_end) {
                         cur.template load<KB>(c0 + kWarp * KB, wv, uv);
@@ -341,10 +353,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp, 2) gemv_kernel(const __gri
                     }
                 }
             }
-            if (!waited) {
-                pdl_wait();
-                waited = true;
-            }
+            wait_once();
             gemv_finish<K, WT, TR, KSPLIT, SWIGLU, NORM, RW>(p, cur, acc, ss, later);
             if (next >= tiles) break;
             tile = next;
@@ -352,7 +361,7 @@ __global__ void __launch_bounds__(kGemvWarps * kWarp, 2) gemv_kernel(const __gri
             if (!loaded_next && cur.any_active) cur.template load<KB>(c_begin, wv, uv);
         }
     }
-    if (!waited) pdl_wait();
+    wait_once();
 }
 
 // ---- Decode linear on tensor cores, weights as the MMA's A operand ("swap AB") ----
@@ -775,6 +784,7 @@ void launch_gemv_rw(const Ctx& c, const LinearParams& p, bool persistent = false
     }
     LinearParams q = p;
     q.prefetch_next = grid < tiles && gemv_prefetch_next_tile();
+    q.trigger = gemv_trigger();
     launch(c, kernel, dim3(grid), dim3(kGemvWarps * kWarp), q);
 }
 

@@ -95,6 +95,17 @@ __device__ __forceinline__ QDigits qdigits4(float v0, float v1, float v2, float 
 template <bool SWIGLU, bool NORM>
 inline constexpr bool kQmma1XBatch = SWIGLU || !NORM;
 
+// Where quant_mma1_kernel lets the next launch start (PdlTrigger): once the previous kernel is done.
+// Sessions 7-18 triggered after the MMA loop (SCR_CUDA_QUANT_TC1_TRIGGER=loop); H200, one call,
+// device ms per token 1B 0.556 -> 0.528, 8B 2.092 -> 2.042 with the same bits; at the start (=start)
+// 1B 0.535 (docs/CUDA.md "Session 19").
+inline PdlTrigger qmma1_trigger() {
+    static const PdlTrigger v = pdl_trigger_choice("SCR_CUDA_QUANT_TC1_TRIGGER", PdlTrigger::after_wait);
+    return v;
+}
+
+
+
 // kparts = W: the warps of one row tile, each a contiguous 1/W of K, added in part order.
 // WIDE: a span's scales and biases as one 32-bit load per row and pair of groups (g32 / g64), not
 // two 16-bit ones. XPOSE: the earlier layout (sessions 7-11), the chunk's words transposed across the
@@ -102,7 +113,7 @@ inline constexpr bool kQmma1XBatch = SWIGLU || !NORM;
 // integer sums, so the same bits (SCR_CUDA_QUANT_TC1_VARIANT=xpose, for A/B runs). XBATCH: the x
 // staging's loads batched (kQmma1XBatch above).
 template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH>
-__global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const __grid_constant__ QuantFusedArgs p, int kparts) {
+__global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const __grid_constant__ QuantFusedArgs p, int kparts, int trigger_at) {
     static_assert(F::kAffine, "the one-row tensor-core kernel is for the MLX int4 formats");
     static_assert(F::kGroup <= 128, "the digit sums are combined in int32, which holds groups of up to 128");
     using S = QMma1Shape<F>;
@@ -201,7 +212,11 @@ __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const
         load_params(pc, 0);
         load_params(pn, 1);
     }
+    // Where the next launch may start (qmma1_trigger): its blocks take SM slots this grid leaves free
+    // and issue their own first weight loads while this one runs.
+    if (trigger_at == int(PdlTrigger::start)) pdl_trigger();
     pdl_wait();  // weights and scales never depend on an earlier kernel; x does
+    if (trigger_at == int(PdlTrigger::after_wait)) pdl_trigger();
 
     // Stage x once per block: entry (chunk, word wd, lane t) holds the 8 k of lane t's word wd
     // (qmma_word_k<SWAP>) as the B registers of one MMA per digit: bytes of k + 0, 2, 4, 6 (the low
@@ -375,7 +390,7 @@ __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const
             mma_round(rb, c0 + U);
         }
     }
-    pdl_trigger();
+    if (trigger_at == int(PdlTrigger::after_loop)) pdl_trigger();
 
     // Rows g, g + 8 over the 4 lanes t (their groups), then the tile's W parts in order.
 #pragma unroll
@@ -493,6 +508,7 @@ inline int qmma1_parts_override() {
     static const int v = [] {
         const char* e = std::getenv("SCR_CUDA_QUANT_TC1_PARTS");
         if (e && std::strcmp(e, "fifths") == 0) return -1;
+        if (e && std::strcmp(e, "half") == 0) return -2;  // experiment: the rule below within half the resident warps
         const int w = e && *e ? std::atoi(e) : 0;
         return w == 1 || w == 2 || w == 4 || w == 8 ? w : 0;
     }();
@@ -527,7 +543,8 @@ bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
     const int forced = qmma1_parts_override();
     const int resident = qmma1_resident_warps<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH>();
     const int parts = forced > 0 && chunks % forced == 0 ? forced
-                      : forced < 0                       ? qmma1_parts_fifths(row_tiles, chunks, resident)
+                      : forced == -1                     ? qmma1_parts_fifths(row_tiles, chunks, resident)
+                      : forced == -2                     ? qmma1_parts(row_tiles, chunks, resident / 2)
                                                          : qmma1_parts(row_tiles, chunks, resident);
     const int tiles_per_block = kMma1Warps / parts;
     const size_t smem = qmma1_smem<F, SWIGLU>(kMma1Warps, chunks);
@@ -541,7 +558,7 @@ bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
     if (smem > size_t(smem_max)) return false;
     qmma1_last_split() = QMmaSplit{tiles_per_block, parts};
     launch_smem(c, quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH>, dim3(1, ceil_div(row_tiles, tiles_per_block)), dim3(kMma1Warps * kWarp),
-                smem, a, parts);
+                smem, a, parts, int(qmma1_trigger()));
     return true;
 }
 

@@ -2,15 +2,16 @@
 # Variants of the one-row int4 tensor-core GEMV (quant_mma1_kernel, issue #9) side by side, on the
 # GPU machine, in one call (variants: see venv below):
 #   OUT=$OUT [VARIANTS="default xone"] [CHECK_VARIANTS=...] [MODELS=8b] [ROUNDS=2] [NOBENCH=1] [SHAPES=NxK,...] [FORMATS=...]
-#       [CB_PREFILL=0]
+#       [CB_PREFILL=0] [E2E_FORMATS="int4 bf16"]
 #       bash tests/cuda/tc1_variants_ab.sh [CARRY_DIR|-] [GEMV_CARRY_DIR]
 # GEMV_CARRY_DIR/bin.tar.xz (optional): scr_cuda_quant_gemv. Its checks of the MLX int4 formats
 #   under every variant, then (unless NOBENCH=1) its bench (one-row GEMV and the fused launches) per
 #   variant, interleaved, ROUNDS rounds.
 # CARRY_DIR/bin.tar.xz (optional, "-" to skip): scr of a CUDA build with llama-3.2-1b (1b) and/or
-#   llama-3.1-8b (8b) x mlx-int4-g64. Per model: a random bf16 checkpoint, `scr quantize`, then per
-#   variant 64 greedy ids and the logits of a 1-token prompt, each compared bit for bit with the
-#   first variant's, then `scr cuda-bench` (prefill CB_PREFILL tokens) per variant, interleaved, ROUNDS rounds.
+#   llama-3.1-8b (8b) x mlx-int4-g64 (and bf16 for E2E_FORMATS="int4 bf16"). Per model: a random bf16
+#   checkpoint, `scr quantize` for int4, then per format and variant 64 greedy ids and the logits of
+#   a 1-token prompt, each compared bit for bit with the first variant's, then `scr cuda-bench`
+#   (prefill CB_PREFILL tokens) per variant, interleaved, ROUNDS rounds.
 # Both carries are packed by tests/cuda/pack_carry.sh. Summary in $OUT/summary.txt.
 set -u
 OUT=${OUT:-/tmp/scr-tc1v-out}
@@ -59,27 +60,34 @@ if [ -n "${1:-}" ] && [ "$1" != - ]; then
     S=$C/scr
     for m in ${MODELS:-8b}; do
         make_model_any "$m"
-        q=$M-int4
-        step quant_$m 400 $S quantize "$M" "$q" --preset mlx-int4-g64
-        rm -rf "$M"
-        IDS=$(seq -s, 11 130)
-        for v in "${VARS[@]}"; do
-            step greedy_${m}_$v 120 env $(venv $v) $S complete "$q" --ids "$IDS" --max-tokens 64 --json
-            step logits1_${m}_$v 120 env $(venv $v) $S logits "$q" --ids 11
-        done
-        for v in "${VARS[@]:1}"; do
-            for w in greedy logits1; do
-                if cmp -s "$LOGS/${w}_${m}_${VARS[0]}.txt" "$LOGS/${w}_${m}_$v.txt"; then s=same; else s=DIFFERENT; fi
-                echo "== $m $w: $v vs ${VARS[0]}: $s ($(wc -c < "$LOGS/${w}_${m}_$v.txt") bytes)"
-            done
-        done
-        for r in $(seq 1 "$ROUNDS"); do
+        for fmt in ${E2E_FORMATS:-int4}; do
+            if [ "$fmt" = bf16 ]; then
+                q=$M
+            else
+                q=$M-int4
+                step quant_$m 400 $S quantize "$M" "$q" --preset mlx-int4-g64
+            fi
+            k=${m}_$fmt
+            IDS=$(seq -s, 11 130)
             for v in "${VARS[@]}"; do
-                step cb_${m}_${v}_$r 200 env $(venv $v) $S cuda-bench "$q" --prompt 128 --decode 128 --prefill "${CB_PREFILL:-0}" --batches 1
-                echo "$m $v round $r: $(grep -h -o '"decode_device_ms": [0-9.]*\|"batch_tps": {[^}]*}\|"prefill_tps": [0-9.]*' "$LOGS/cb_${m}_${v}_$r.txt" | tr '\n' ' ')"
+                step greedy_${k}_$v 120 env $(venv $v) $S complete "$q" --ids "$IDS" --max-tokens 64 --json
+                step logits1_${k}_$v 120 env $(venv $v) $S logits "$q" --ids 11
             done
+            for v in "${VARS[@]:1}"; do
+                for w in greedy logits1; do
+                    if cmp -s "$LOGS/${w}_${k}_${VARS[0]}.txt" "$LOGS/${w}_${k}_$v.txt"; then s=same; else s=DIFFERENT; fi
+                    echo "== $k $w: $v vs ${VARS[0]}: $s ($(wc -c < "$LOGS/${w}_${k}_$v.txt") bytes)"
+                done
+            done
+            for r in $(seq 1 "$ROUNDS"); do
+                for v in "${VARS[@]}"; do
+                    step cb_${k}_${v}_$r 200 env $(venv $v) $S cuda-bench "$q" --prompt 128 --decode 128 --prefill "${CB_PREFILL:-0}" --batches 1
+                    echo "$k $v round $r: $(grep -h -o '"decode_device_ms": [0-9.]*\|"batch_tps": {[^}]*}\|"prefill_tps": [0-9.]*' "$LOGS/cb_${k}_${v}_$r.txt" | tr '\n' ' ')"
+                done
+            done
+            [ "$q" != "$M" ] && rm -rf "$q"
         done
-        rm -rf "$q"
+        rm -rf "$M"
     done
 fi
 printf '%s\n' "${summary[@]}"
