@@ -508,7 +508,6 @@ inline int qmma1_parts_override() {
     static const int v = [] {
         const char* e = std::getenv("SCR_CUDA_QUANT_TC1_PARTS");
         if (e && std::strcmp(e, "fifths") == 0) return -1;
-        if (e && std::strcmp(e, "half") == 0) return -2;  // experiment: the rule below within half the resident warps
         const int w = e && *e ? std::atoi(e) : 0;
         return w == 1 || w == 2 || w == 4 || w == 8 ? w : 0;
     }();
@@ -543,8 +542,7 @@ bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
     const int forced = qmma1_parts_override();
     const int resident = qmma1_resident_warps<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH>();
     const int parts = forced > 0 && chunks % forced == 0 ? forced
-                      : forced == -1                     ? qmma1_parts_fifths(row_tiles, chunks, resident)
-                      : forced == -2                     ? qmma1_parts(row_tiles, chunks, resident / 2)
+                      : forced < 0                       ? qmma1_parts_fifths(row_tiles, chunks, resident)
                                                          : qmma1_parts(row_tiles, chunks, resident);
     const int tiles_per_block = kMma1Warps / parts;
     const size_t smem = qmma1_smem<F, SWIGLU>(kMma1Warps, chunks);
