@@ -2,7 +2,7 @@
 # Variants of the one-row int4 tensor-core GEMV (quant_mma1_kernel, issue #9) side by side, on the
 # GPU machine, in one call (variants: see venv below):
 #   OUT=$OUT [VARIANTS="default xone"] [CHECK_VARIANTS=...] [MODELS=8b] [ROUNDS=2] [NOBENCH=1] [SHAPES=NxK,...] [FORMATS=...]
-#       [CB_PREFILL=0] [E2E_FORMATS="int4 bf16"]
+#       [CB_PREFILL=0] [E2E_FORMATS="int4 bf16"] [LATENCY=1]
 #       bash tests/cuda/tc1_variants_ab.sh [CARRY_DIR|-] [GEMV_CARRY_DIR]
 # GEMV_CARRY_DIR/bin.tar.xz (optional): scr_cuda_quant_gemv. Its checks of the MLX int4 formats
 #   under every variant, then (unless NOBENCH=1) its bench (one-row GEMV and the fused launches) per
@@ -11,7 +11,8 @@
 #   llama-3.1-8b (8b) x mlx-int4-g64 (and bf16 for E2E_FORMATS="int4 bf16"). Per model: a random bf16
 #   checkpoint, `scr quantize` for int4, then per format and variant 64 greedy ids and the logits of
 #   a 1-token prompt, each compared bit for bit with the first variant's, then `scr cuda-bench`
-#   (prefill CB_PREFILL tokens) per variant, interleaved, ROUNDS rounds.
+#   (prefill CB_PREFILL tokens; with LATENCY=1 also `scr bench --mode latency`, the engine's path)
+#   per variant, interleaved, ROUNDS rounds.
 # Both carries are packed by tests/cuda/pack_carry.sh. Summary in $OUT/summary.txt.
 set -u
 OUT=${OUT:-/tmp/scr-tc1v-out}
@@ -83,6 +84,11 @@ if [ -n "${1:-}" ] && [ "$1" != - ]; then
                 for v in "${VARS[@]}"; do
                     step cb_${k}_${v}_$r 200 env $(venv $v) $S cuda-bench "$q" --prompt 128 --decode 128 --prefill "${CB_PREFILL:-0}" --batches 1
                     echo "$k $v round $r: $(grep -h -o '"decode_device_ms": [0-9.]*\|"batch_tps": {[^}]*}\|"prefill_tps": [0-9.]*' "$LOGS/cb_${k}_${v}_$r.txt" | tr '\n' ' ')"
+                    if [ "${LATENCY:-0}" = 1 ]; then  # the engine's path: one request at a time, 256 tokens each
+                        step lat_${k}_${v}_$r 300 env $(venv $v) $S bench "$q" --mode latency --concurrency 1 --num-prompts 3 \
+                            --input-len 128 --output-len 256 --prefix-caching off --temperature 0
+                        echo "$k $v round $r, engine: $(grep -h -E 'output tokens/s|TPOT' "$LOGS/lat_${k}_${v}_$r.txt" | tr -s ' ' | tr '\n' ' ')"
+                    fi
                 done
             done
             [ "$q" != "$M" ] && rm -rf "$q"
