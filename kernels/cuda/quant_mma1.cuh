@@ -96,9 +96,9 @@ template <bool SWIGLU, bool NORM>
 inline constexpr bool kQmma1XBatch = SWIGLU || !NORM;
 
 // Where quant_mma1_kernel lets the next launch start (PdlTrigger): once the previous kernel is done.
-// Sessions 7-18 triggered after the MMA loop (SCR_CUDA_QUANT_TC1_TRIGGER=loop); H200, one call,
-// device ms per token 1B 0.556 -> 0.528, 8B 2.092 -> 2.042 with the same bits; at the start (=start)
-// 1B 0.535 (docs/CUDA.md "Session 19").
+// Sessions 7-18 triggered after the MMA loop (SCR_CUDA_QUANT_TC1_TRIGGER=loop). H200, device ms per
+// token, the same bits: 1B 0.556 -> 0.528, 8B 2.092 -> 2.042 in one call; at the start (=start) 1B
+// 0.535-0.536 against 0.528-0.529 after the wait in another (docs/CUDA.md "Session 19").
 inline PdlTrigger qmma1_trigger() {
     static const PdlTrigger v = pdl_trigger_choice("SCR_CUDA_QUANT_TC1_TRIGGER", PdlTrigger::after_wait);
     return v;
@@ -113,7 +113,7 @@ inline PdlTrigger qmma1_trigger() {
 // integer sums, so the same bits (SCR_CUDA_QUANT_TC1_VARIANT=xpose, for A/B runs). XBATCH: the x
 // staging's loads batched (kQmma1XBatch above).
 template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH>
-__global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const __grid_constant__ QuantFusedArgs p, int kparts, int trigger_at) {
+__global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const __grid_constant__ QuantFusedArgs p, int kparts, PdlTrigger trigger_at) {
     static_assert(F::kAffine, "the one-row tensor-core kernel is for the MLX int4 formats");
     static_assert(F::kGroup <= 128, "the digit sums are combined in int32, which holds groups of up to 128");
     using S = QMma1Shape<F>;
@@ -214,9 +214,9 @@ __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const
     }
     // Where the next launch may start (qmma1_trigger): its blocks take SM slots this grid leaves free
     // and issue their own first weight loads while this one runs.
-    if (trigger_at == int(PdlTrigger::start)) pdl_trigger();
+    if (trigger_at == PdlTrigger::start) pdl_trigger();
     pdl_wait();  // weights and scales never depend on an earlier kernel; x does
-    if (trigger_at == int(PdlTrigger::after_wait)) pdl_trigger();
+    if (trigger_at == PdlTrigger::after_wait) pdl_trigger();
 
     // Stage x once per block: entry (chunk, word wd, lane t) holds the 8 k of lane t's word wd
     // (qmma_word_k<SWAP>) as the B registers of one MMA per digit: bytes of k + 0, 2, 4, 6 (the low
@@ -390,7 +390,7 @@ __global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const
             mma_round(rb, c0 + U);
         }
     }
-    if (trigger_at == int(PdlTrigger::after_loop)) pdl_trigger();
+    if (trigger_at == PdlTrigger::after_loop) pdl_trigger();
 
     // Rows g, g + 8 over the 4 lanes t (their groups), then the tile's W parts in order.
 #pragma unroll
@@ -556,7 +556,7 @@ bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
     if (smem > size_t(smem_max)) return false;
     qmma1_last_split() = QMmaSplit{tiles_per_block, parts};
     launch_smem(c, quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH>, dim3(1, ceil_div(row_tiles, tiles_per_block)), dim3(kMma1Warps * kWarp),
-                smem, a, parts, int(qmma1_trigger()));
+                smem, a, parts, qmma1_trigger());
     return true;
 }
 
