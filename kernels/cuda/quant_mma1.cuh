@@ -104,8 +104,6 @@ inline PdlTrigger qmma1_trigger() {
     return v;
 }
 
-
-
 // kparts = W: the warps of one row tile, each a contiguous 1/W of K, added in part order.
 // WIDE: a span's scales and biases as one 32-bit load per row and pair of groups (g32 / g64), not
 // two 16-bit ones. XPOSE: the earlier layout (sessions 7-11), the chunk's words transposed across the
