@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -110,14 +111,16 @@ __device__ __forceinline__ void pdl_trigger() {
 // trigger at the start also lets the launch after next start, whose loads then probably compete
 // with the running kernel's stream (H200, device time per token: the one-row int4 GEMV after its
 // wait 5 % faster than after its loop and ~1 % faster than at its start; docs/CUDA.md "Session 19").
-// `env` (start / wait / loop) overrides `fallback`, for A/B runs.
+// `env` (start / wait / loop) overrides `fallback`, for A/B runs; any other value is named on stderr
+// (an A/B run must not measure the default while believing it measures a variant) and ignored.
 enum class PdlTrigger : int { after_loop = 0, after_wait = 1, start = 2 };
 inline PdlTrigger pdl_trigger_choice(const char* env, PdlTrigger fallback) {
     const char* e = std::getenv(env);
-    if (!e) return fallback;
+    if (!e || !*e) return fallback;
     if (std::strcmp(e, "wait") == 0) return PdlTrigger::after_wait;
     if (std::strcmp(e, "start") == 0) return PdlTrigger::start;
     if (std::strcmp(e, "loop") == 0) return PdlTrigger::after_loop;
+    std::fprintf(stderr, "scr: %s=%s is not one of start, wait, loop; using the default\n", env, e);
     return fallback;
 }
 
