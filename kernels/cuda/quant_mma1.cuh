@@ -17,8 +17,9 @@
 //    supply x only for the k of group j (the others read 32 zero bytes), so C[row][j] is group j's
 //    sum of q * digit, and the scales are applied once per 8 groups, on every lane, no shuffles:
 //        y += s_g * scale_x,g * (C0 + 256 C1 + 65536 C2) + b_g * X_g     (X_g = the group's sum of x)
-//  * a block is 8 warps: T row tiles x W parts of K (qmma1_parts), the parts added in order through
-//    shared memory: a row's bits depend on the shape only (one token row has this one kernel).
+//  * a block is 8 or 16 warps (qmma1_block_warps): T row tiles x W parts of K (qmma1_parts), the
+//    parts added in order through shared memory: a row's bits depend on the shape only (one token
+//    row has this one kernel; the folded norm's sum of x^2 also on the block size).
 // Error: x to 2^-20 of its group's max, q and the integer sums exact; quant_gemv_test checks the
 // tensor-core kernel's bound (2e-5 B + 1e-6, B = sum |x| (|s q| + |b|)).
 #pragma once
@@ -26,7 +27,7 @@
 
 namespace scr::kernels::cuda::qdetail {
 
-constexpr int kMma1Warps = 8;  // warps per block: T row tiles (SwiGLU: gate and up rows) x W parts of K, T W = 8
+constexpr int kMma1Warps = 8;  // warps per block (or 16: qmma1_block_warps): T row tiles (SwiGLU: gate and up rows) x W parts of K
 
 // Per-format constants of the one-row kernel.
 template <class F>
@@ -110,8 +111,11 @@ inline PdlTrigger qmma1_trigger() {
 // 4 lanes by shuffles (qchunk_words) so that word w of every lane lies in group w / (G / 32); the same
 // integer sums, so the same bits (SCR_CUDA_QUANT_TC1_VARIANT=xpose, for A/B runs). XBATCH: the x
 // staging's loads batched (kQmma1XBatch above).
-template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH>
-__global__ void __launch_bounds__(kMma1Warps * kWarp, 2) quant_mma1_kernel(const __grid_constant__ QuantFusedArgs p, int kparts, PdlTrigger trigger_at) {
+// BW: warps per block, 8 (two blocks per SM) or 16 (one block per SM: the block's 16 / W row tiles
+// share one staging of x, half the L2 reads and staging work per SM; qmma1_block_warps). Registers
+// are capped at 128 either way, and a row's arithmetic depends on W only.
+template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH, int BW = kMma1Warps>
+__global__ void __launch_bounds__(BW * kWarp, 16 / BW) quant_mma1_kernel(const __grid_constant__ QuantFusedArgs p, int kparts, PdlTrigger trigger_at) {
     static_assert(F::kAffine, "the one-row tensor-core kernel is for the MLX int4 formats");
     static_assert(F::kGroup <= 128, "the digit sums are combined in int32, which holds groups of up to 128");
     using S = QMma1Shape<F>;
@@ -500,14 +504,14 @@ inline int qmma1_parts_fifths(int row_tiles, int chunks, int resident_warps) {
     return w;
 }
 
-// SCR_CUDA_QUANT_TC1_PARTS=W (1, 2, 4, 8) replaces the rule above, for A/B runs (a row's bits depend
-// on W); =fifths (returned as -1) selects the earlier rule.
+// SCR_CUDA_QUANT_TC1_PARTS=W (1, 2, 4, 8; 16 in 16-warp blocks, default form only) replaces the
+// rule above, for A/B runs (a row's bits depend on W); =fifths (returned as -1) selects the earlier rule.
 inline int qmma1_parts_override() {
     static const int v = [] {
         const char* e = std::getenv("SCR_CUDA_QUANT_TC1_PARTS");
         if (e && std::strcmp(e, "fifths") == 0) return -1;
         const int w = e && *e ? std::atoi(e) : 0;
-        return w == 1 || w == 2 || w == 4 || w == 8 ? w : 0;
+        return w == 1 || w == 2 || w == 4 || w == 8 || w == 16 ? w : 0;  // 16: 16-warp blocks only
     }();
     return v;
 }
@@ -529,6 +533,56 @@ inline QMma1Variant qmma1_variant() {
     return v;
 }
 
+// Warps per block (the kernel's BW). 16 for the one-matrix launches whose grid of 8-warp blocks fits
+// in one wave: their 16 / W row tiles share one staging of x (half the L2 reads of x and staging
+// work per SM), and a grid of up to one block per SM leaves the other SMs to the next launch's
+// blocks, which start after this launch's pdl_wait (PdlTrigger::after_wait) and issue their first
+// weight loads while it runs. 8 for the SwiGLU launches and for grids of more than one wave
+// (lm_head), which measured slower in 16-warp blocks (docs/CUDA.md "Session 20").
+// SCR_CUDA_QUANT_TC1_BLOCK=8|16 forces one (A/B runs).
+inline int qmma1_block_warps_override() {
+    static const int v = [] {
+        const char* e = std::getenv("SCR_CUDA_QUANT_TC1_BLOCK");
+        const int w = e && *e ? std::atoi(e) : 0;
+        if (e && *e && w != 8 && w != 16) std::fprintf(stderr, "scr: SCR_CUDA_QUANT_TC1_BLOCK=%s is not 8 or 16; using the rule\n", e);
+        return w == 8 || w == 16 ? w : 0;
+    }();
+    return v;
+}
+inline int qmma1_block_warps(bool swiglu, int blocks8, int sms) {
+    const int forced = qmma1_block_warps_override();
+    if (forced) return forced;
+    if (blocks8 > 2 * sms) return 8;
+    return !swiglu || blocks8 < 2 * sms - sms / 8 ? 16 : 8;
+}
+// SCR_CUDA_QUANT_TC1_W16=1 (experiment): a 16-warp launch of one block per SM or fewer with at
+// least 64 chunks takes W = 16 (one row tile per block) instead of two tiles of W = 8.
+inline bool qmma1_w16() {
+    static const bool on = [] {
+        const char* e = std::getenv("SCR_CUDA_QUANT_TC1_W16");
+        return e && e[0] == '1';
+    }();
+    return on;
+}
+
+template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH, int BW>
+bool launch_quant_mma1_bw(const Ctx& c, const QuantFusedArgs& a, int parts, int row_tiles, int chunks) {
+    const int tiles_per_block = BW / parts;
+    const size_t smem = qmma1_smem<F, SWIGLU>(BW, chunks);
+    static const int smem_max = [] {
+        int dev = 0, v = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+        cudaFuncSetAttribute(quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, BW>, cudaFuncAttributeMaxDynamicSharedMemorySize, v);
+        return v;
+    }();
+    if (smem > size_t(smem_max)) return false;
+    qmma1_last_split() = QMmaSplit{tiles_per_block, parts};
+    launch_smem(c, quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, BW>, dim3(1, ceil_div(row_tiles, tiles_per_block)),
+                dim3(BW * kWarp), smem, a, parts, qmma1_trigger());
+    return true;
+}
+
 // Launches the one-row kernel; false (nothing launched) when its shared memory would not fit.
 template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH = kQmma1XBatch<SWIGLU, NORM>>
 bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
@@ -542,20 +596,22 @@ bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
     const int parts = forced > 0 && chunks % forced == 0 ? forced
                       : forced < 0                       ? qmma1_parts_fifths(row_tiles, chunks, resident)
                                                          : qmma1_parts(row_tiles, chunks, resident);
-    const int tiles_per_block = kMma1Warps / parts;
-    const size_t smem = qmma1_smem<F, SWIGLU>(kMma1Warps, chunks);
-    static const int smem_max = [] {
+    static const int sms = [] {
         int dev = 0, v = 0;
         cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-        cudaFuncSetAttribute(quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH>, cudaFuncAttributeMaxDynamicSharedMemorySize, v);
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
         return v;
     }();
-    if (smem > size_t(smem_max)) return false;
-    qmma1_last_split() = QMmaSplit{tiles_per_block, parts};
-    launch_smem(c, quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH>, dim3(1, ceil_div(row_tiles, tiles_per_block)), dim3(kMma1Warps * kWarp),
-                smem, a, parts, qmma1_trigger());
-    return true;
+    // Only the default form has the 16-warp instance (the others exist for A/B runs of sessions 7-13).
+    if constexpr ((WIDE || QMma1Shape<F>::GPC < 2) && !XPOSE && XBATCH == kQmma1XBatch<SWIGLU, NORM>) {
+        const int blocks8 = parts > kMma1Warps ? 0 : ceil_div(row_tiles, kMma1Warps / parts);
+        if (parts > kMma1Warps || qmma1_block_warps(SWIGLU, blocks8, sms) == 16) {
+            const bool w16 = qmma1_w16() && forced == 0 && parts == kMma1Warps && blocks8 <= sms && chunks % 16 == 0 && chunks >= 64;
+            return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, 16>(c, a, w16 ? 16 : parts, row_tiles, chunks);
+        }
+    }
+    return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, kMma1Warps>(
+        c, a, parts > kMma1Warps ? qmma1_parts(row_tiles, chunks, resident) : parts, row_tiles, chunks);
 }
 
 template <class F, bool SWIGLU, bool NORM>
