@@ -537,8 +537,10 @@ inline QMma1Variant qmma1_variant() {
 // in one wave: their 16 / W row tiles share one staging of x (half the L2 reads of x and staging
 // work per SM), and a grid of up to one block per SM leaves the other SMs to the next launch's
 // blocks, which start after this launch's pdl_wait (PdlTrigger::after_wait) and issue their first
-// weight loads while it runs. 8 for the SwiGLU launches and for grids of more than one wave
-// (lm_head), which measured slower in 16-warp blocks (docs/CUDA.md "Session 20").
+// weight loads while it runs. 8 for grids of more than one wave (lm_head) and for SwiGLU launches
+// whose 8-warp grid fills the SMs evenly (the 1B's gate/up), which measured slower in 16-warp
+// blocks; 16 for SwiGLU grids that would leave an SM in 8 with one block (the 8B's gate/up, 224
+// blocks on 132 SMs) (docs/CUDA.md "Session 20").
 // SCR_CUDA_QUANT_TC1_BLOCK=8|16 forces one (A/B runs).
 inline int qmma1_block_warps_override() {
     static const int v = [] {
@@ -555,12 +557,15 @@ inline int qmma1_block_warps(bool swiglu, int blocks8, int sms) {
     if (blocks8 > 2 * sms) return 8;
     return !swiglu || blocks8 < 2 * sms - sms / 8 ? 16 : 8;
 }
-// SCR_CUDA_QUANT_TC1_W16=1 (experiment): a 16-warp launch of one block per SM or fewer with at
-// least 64 chunks takes W = 16 (one row tile per block) instead of two tiles of W = 8.
+// A launch whose 8-warp grid is at most one block per SM (W = 8 and few row tiles: the 1B's down,
+// 2048 x 8192) takes W = 16 in 16-warp blocks, one row tile each, where every warp still gets 4+
+// chunks of K: all 16 warps of every SM it uses, instead of two tiles of W = 8 on half the SMs
+// (1B MLX int4 0.509 -> 0.482 ms per token; docs/CUDA.md "Session 20"). A row's bits change with
+// W. SCR_CUDA_QUANT_TC1_W16=0 keeps W = 8 (A/B runs).
 inline bool qmma1_w16() {
     static const bool on = [] {
         const char* e = std::getenv("SCR_CUDA_QUANT_TC1_W16");
-        return e && e[0] == '1';
+        return !(e && e[0] == '0');
     }();
     return on;
 }
@@ -606,7 +611,7 @@ bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
     if constexpr ((WIDE || QMma1Shape<F>::GPC < 2) && !XPOSE && XBATCH == kQmma1XBatch<SWIGLU, NORM>) {
         const int blocks8 = parts > kMma1Warps ? 0 : ceil_div(row_tiles, kMma1Warps / parts);
         if (parts > kMma1Warps || qmma1_block_warps(SWIGLU, blocks8, sms) == 16) {
-            const bool w16 = qmma1_w16() && forced == 0 && parts == kMma1Warps && blocks8 <= sms && chunks % 16 == 0 && chunks >= 64;
+            const bool w16 = !SWIGLU && qmma1_w16() && forced == 0 && parts == kMma1Warps && blocks8 <= sms && chunks % 16 == 0 && chunks >= 64;
             return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, 16>(c, a, w16 ? 16 : parts, row_tiles, chunks);
         }
     }
