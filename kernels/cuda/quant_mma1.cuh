@@ -17,7 +17,7 @@
 //    supply x only for the k of group j (the others read 32 zero bytes), so C[row][j] is group j's
 //    sum of q * digit, and the scales are applied once per 8 groups, on every lane, no shuffles:
 //        y += s_g * scale_x,g * (C0 + 256 C1 + 65536 C2) + b_g * X_g     (X_g = the group's sum of x)
-//  * a block is 8 or 16 warps (qmma1_block_warps): T row tiles x W parts of K (qmma1_parts), the
+//  * a block is 8 or 16 warps (qmma1_block_shape): T row tiles x W parts of K (qmma1_parts), the
 //    parts added in order through shared memory: a row's bits depend on the shape only (one token
 //    row has this one kernel; the folded norm's sum of x^2 also on the block size).
 // Error: x to 2^-20 of its group's max, q and the integer sums exact; quant_gemv_test checks the
@@ -27,7 +27,7 @@
 
 namespace scr::kernels::cuda::qdetail {
 
-constexpr int kMma1Warps = 8;  // warps per block (or 16: qmma1_block_warps): T row tiles (SwiGLU: gate and up rows) x W parts of K
+constexpr int kMma1Warps = 8;  // warps per block (or 16: qmma1_block_shape): T row tiles (SwiGLU: gate and up rows) x W parts of K
 
 // Per-format constants of the one-row kernel.
 template <class F>
@@ -112,7 +112,7 @@ inline PdlTrigger qmma1_trigger() {
 // integer sums, so the same bits (SCR_CUDA_QUANT_TC1_VARIANT=xpose, for A/B runs). XBATCH: the x
 // staging's loads batched (kQmma1XBatch above).
 // BW: warps per block, 8 (two blocks per SM) or 16 (one block per SM: the block's 16 / W row tiles
-// share one staging of x, half the L2 reads and staging work per SM; qmma1_block_warps). Registers
+// share one staging of x, half the L2 reads and staging work per SM; qmma1_block_shape). Registers
 // are capped at 128 either way, and a row's arithmetic depends on W only.
 template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH, int BW = kMma1Warps>
 __global__ void __launch_bounds__(BW * kWarp, 16 / BW) quant_mma1_kernel(const __grid_constant__ QuantFusedArgs p, int kparts, PdlTrigger trigger_at) {
@@ -541,7 +541,7 @@ inline QMma1Variant qmma1_variant() {
 // whose 8-warp grid fills the SMs evenly (the 1B's gate/up), which measured slower in 16-warp
 // blocks; 16 for SwiGLU grids that would leave an SM in 8 with one block (the 8B's gate/up, 224
 // blocks on 132 SMs) (docs/CUDA.md "Session 20").
-// SCR_CUDA_QUANT_TC1_BLOCK=8|16 forces one (A/B runs).
+// The rule is qmma1_block_shape below; SCR_CUDA_QUANT_TC1_BLOCK=8|16 forces one size (A/B runs).
 inline int qmma1_block_warps_override() {
     static const int v = [] {
         const char* e = std::getenv("SCR_CUDA_QUANT_TC1_BLOCK");
@@ -550,12 +550,6 @@ inline int qmma1_block_warps_override() {
         return w == 8 || w == 16 ? w : 0;
     }();
     return v;
-}
-inline int qmma1_block_warps(bool swiglu, int blocks8, int sms) {
-    const int forced = qmma1_block_warps_override();
-    if (forced) return forced;
-    if (blocks8 > 2 * sms) return 8;
-    return !swiglu || blocks8 < 2 * sms - sms / 8 ? 16 : 8;
 }
 // A launch whose 8-warp grid is at most one block per SM (W = 8 and few row tiles: the 1B's down,
 // 2048 x 8192) takes W = 16 in 16-warp blocks, one row tile each, where every warp still gets 4+
@@ -568,6 +562,21 @@ inline bool qmma1_w16() {
         return !(e && e[0] == '0');
     }();
     return on;
+}
+
+// Block size and parts of K of one launch of the default form (the only one with a 16-warp
+// instance). parts: the rule's or the forced W (SCR_CUDA_QUANT_TC1_PARTS; 16 only in 16-warp blocks).
+struct QMma1Block {
+    int warps, parts;
+};
+inline QMma1Block qmma1_block_shape(bool swiglu, int parts, bool parts_forced, int row_tiles, int chunks, int sms) {
+    if (parts > kMma1Warps) return {16, parts};
+    const int blocks8 = ceil_div(row_tiles, kMma1Warps / parts);
+    int warps = qmma1_block_warps_override();
+    if (!warps) warps = blocks8 > 2 * sms ? 8 : !swiglu || blocks8 < 2 * sms - sms / 8 ? 16 : 8;
+    const bool w16 = warps == 16 && !swiglu && !parts_forced && qmma1_w16() && parts == kMma1Warps && blocks8 <= sms &&
+                     chunks % 16 == 0 && chunks >= 64;
+    return {warps, w16 ? 16 : parts};
 }
 
 template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH, int BW>
@@ -601,20 +610,13 @@ bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
     const int parts = forced > 0 && chunks % forced == 0 ? forced
                       : forced < 0                       ? qmma1_parts_fifths(row_tiles, chunks, resident)
                                                          : qmma1_parts(row_tiles, chunks, resident);
-    static const int sms = [] {
-        int dev = 0, v = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-        return v;
-    }();
     // Only the default form has the 16-warp instance (the others exist for A/B runs of sessions 7-13).
     if constexpr ((WIDE || QMma1Shape<F>::GPC < 2) && !XPOSE && XBATCH == kQmma1XBatch<SWIGLU, NORM>) {
-        const int blocks8 = parts > kMma1Warps ? 0 : ceil_div(row_tiles, kMma1Warps / parts);
-        if (parts > kMma1Warps || qmma1_block_warps(SWIGLU, blocks8, sms) == 16) {
-            const bool w16 = !SWIGLU && qmma1_w16() && forced == 0 && parts == kMma1Warps && blocks8 <= sms && chunks % 16 == 0 && chunks >= 64;
-            return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, 16>(c, a, w16 ? 16 : parts, row_tiles, chunks);
-        }
+        const QMma1Block b = qmma1_block_shape(SWIGLU, parts, forced != 0, row_tiles, chunks, qsmem_sms());
+        if (b.warps == 16) return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, 16>(c, a, b.parts, row_tiles, chunks);
+        return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, kMma1Warps>(c, a, b.parts, row_tiles, chunks);
     }
+    // W = 16 needs 16-warp blocks: the A/B forms fall back to the rule's W.
     return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, kMma1Warps>(
         c, a, parts > kMma1Warps ? qmma1_parts(row_tiles, chunks, resident) : parts, row_tiles, chunks);
 }
