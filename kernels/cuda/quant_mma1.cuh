@@ -112,7 +112,8 @@ inline PdlTrigger qmma1_trigger() {
 // integer sums, so the same bits (SCR_CUDA_QUANT_TC1_VARIANT=xpose, for A/B runs). XBATCH: the x
 // staging's loads batched (kQmma1XBatch above).
 // BW: warps per block, 8 (two blocks per SM) or 16 (one block per SM: the block's 16 / W row tiles
-// share one staging of x, half the L2 reads and staging work per SM; qmma1_block_shape). Registers
+// share one staging of x, half the L2 reads and staging work per SM; qmma1_block_shape); a block
+// may run fewer (T x W of blockDim: the fill of qmma1_block_shape). Registers
 // are capped at 128 either way, and a row's arithmetic depends on W only.
 template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH, int BW = kMma1Warps>
 __global__ void __launch_bounds__(BW * kWarp, 16 / BW) quant_mma1_kernel(const __grid_constant__ QuantFusedArgs p, int kparts, PdlTrigger trigger_at) {
@@ -564,25 +565,48 @@ inline bool qmma1_w16() {
     return on;
 }
 
-// Block size and parts of K of one launch of the default form (the only one with a 16-warp
-// instance). parts: the rule's or the forced W (SCR_CUDA_QUANT_TC1_PARTS; 16 only in 16-warp blocks).
+// SCR_CUDA_QUANT_TC1_FILL=0 turns off qmma1_block_shape's fill (A/B runs; a row's bits change
+// only where the block size enters them: the folded norm's sum of x^2).
+inline bool qmma1_fill() {
+    static const bool on = [] {
+        const char* e = std::getenv("SCR_CUDA_QUANT_TC1_FILL");
+        return !(e && e[0] == '0');
+    }();
+    return on;
+}
+
+// Block shape and parts of K of one launch of the default form (the only one with a 16-warp
+// instance): warps per block (the kernel instance: 8 or 16), row tiles per block (T) and parts of K
+// per tile (W); a block runs T x W <= warps warps. parts: the rule's or the forced W
+// (SCR_CUDA_QUANT_TC1_PARTS; 16 only in 16-warp blocks).
 struct QMma1Block {
-    int warps, parts;
+    int warps, parts, tiles;
 };
-inline QMma1Block qmma1_block_shape(bool swiglu, int parts, bool parts_forced, int row_tiles, int chunks, int sms) {
-    if (parts > kMma1Warps) return {16, parts};
+inline QMma1Block qmma1_block_shape(bool swiglu, int parts, bool parts_forced, int row_tiles, int chunks, int sms,
+                                    bool fill = true) {
+    if (parts > kMma1Warps) return {16, parts, 16 / parts};
     const int blocks8 = ceil_div(row_tiles, kMma1Warps / parts);
     int warps = qmma1_block_warps_override();
     if (!warps) warps = blocks8 > 2 * sms ? 8 : !swiglu || blocks8 < 2 * sms - sms / 8 ? 16 : 8;
     const bool w16 = warps == 16 && !swiglu && !parts_forced && qmma1_w16() && parts == kMma1Warps && blocks8 <= sms &&
                      chunks % 16 == 0 && chunks >= 64;
-    return {warps, w16 ? 16 : parts};
+    if (w16) return {16, 16, 1};
+    // Fill: where 16-warp blocks of 16 / W row tiles leave SMs idle (the 8B's grouped QKV: 96 blocks
+    // of 4 tiles x W 4 on 132 SMs; its gate/up 112 of 8 x 2), blocks of fewer tiles at the same W
+    // spread the row tiles over more SMs (128 blocks of 3 x 4 and 7 x 2): 8B MLX int4 2.108 -> 2.077
+    // ms per token, QKV 11.25 -> 10.6 us. Growing W to refill the block (3 x 5) and halving W were
+    // slower (docs/CUDA.md "Session 21").
+    if (fill && warps == 16 && !parts_forced) {
+        const int t = ceil_div(row_tiles, sms);
+        if (t < 16 / parts) return {16, parts, t};
+    }
+    return {warps, parts, warps / parts};
 }
 
 template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH, int BW>
-bool launch_quant_mma1_bw(const Ctx& c, const QuantFusedArgs& a, int parts, int row_tiles, int chunks) {
-    const int tiles_per_block = BW / parts;
-    const size_t smem = qmma1_smem<F, SWIGLU>(BW, chunks);
+bool launch_quant_mma1_bw(const Ctx& c, const QuantFusedArgs& a, int tiles_per_block, int parts, int row_tiles, int chunks) {
+    const int warps = tiles_per_block * parts;  // <= BW
+    const size_t smem = qmma1_smem<F, SWIGLU>(warps, chunks);
     static const int smem_max = [] {
         int dev = 0, v = 0;
         cudaGetDevice(&dev);
@@ -593,7 +617,7 @@ bool launch_quant_mma1_bw(const Ctx& c, const QuantFusedArgs& a, int parts, int 
     if (smem > size_t(smem_max)) return false;
     qmma1_last_split() = QMmaSplit{tiles_per_block, parts};
     launch_smem(c, quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, BW>, dim3(1, ceil_div(row_tiles, tiles_per_block)),
-                dim3(BW * kWarp), smem, a, parts, qmma1_trigger());
+                dim3(warps * kWarp), smem, a, parts, qmma1_trigger());
     return true;
 }
 
@@ -612,13 +636,13 @@ bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
                                                          : qmma1_parts(row_tiles, chunks, resident);
     // Only the default form has the 16-warp instance (the others exist for A/B runs of sessions 7-13).
     if constexpr ((WIDE || QMma1Shape<F>::GPC < 2) && !XPOSE && XBATCH == kQmma1XBatch<SWIGLU, NORM>) {
-        const QMma1Block b = qmma1_block_shape(SWIGLU, parts, forced != 0, row_tiles, chunks, qsmem_sms());
-        if (b.warps == 16) return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, 16>(c, a, b.parts, row_tiles, chunks);
-        return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, kMma1Warps>(c, a, b.parts, row_tiles, chunks);
+        const QMma1Block b = qmma1_block_shape(SWIGLU, parts, forced != 0, row_tiles, chunks, qsmem_sms(), qmma1_fill());
+        if (b.warps == 16) return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, 16>(c, a, b.tiles, b.parts, row_tiles, chunks);
+        return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, kMma1Warps>(c, a, b.tiles, b.parts, row_tiles, chunks);
     }
     // W = 16 needs 16-warp blocks: the A/B forms fall back to the rule's W.
-    return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, kMma1Warps>(
-        c, a, parts > kMma1Warps ? qmma1_parts(row_tiles, chunks, resident) : parts, row_tiles, chunks);
+    const int w = parts > kMma1Warps ? qmma1_parts(row_tiles, chunks, resident) : parts;
+    return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, kMma1Warps>(c, a, kMma1Warps / w, w, row_tiles, chunks);
 }
 
 template <class F, bool SWIGLU, bool NORM>

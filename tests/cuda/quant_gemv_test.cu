@@ -892,6 +892,10 @@ int fused_checks(cudaStream_t st) {
         {"odd swiglu + norm", 384, {1001, 1001, 0}, true, true, false},
         {"odd pair grouped", 384, {72, 1001, 0}, false, false, true},
         {"1B single + norm + bias + residual", 2048, {2048, 0, 0}, false, true, true},
+        // The 8B's fused launches: at one row, 16-warp instances running fewer tiles per block
+        // (qmma1_block_shape's fill: 3 x 4 and 7 x 2 warps).
+        {"8B qkv grouped + norm", 4096, {4096, 1024, 1024}, false, true, false},
+        {"8B gate/up swiglu + norm", 4096, {14336, 14336, 0}, true, true, false},
     };
     const int check_rows[] = {1, 2, 3, 5, 8, 13, kMaxRows};
     const float eps = 1e-5f;
