@@ -17,7 +17,7 @@
 //    supply x only for the k of group j (the others read 32 zero bytes), so C[row][j] is group j's
 //    sum of q * digit, and the scales are applied once per 8 groups, on every lane, no shuffles:
 //        y += s_g * scale_x,g * (C0 + 256 C1 + 65536 C2) + b_g * X_g     (X_g = the group's sum of x)
-//  * a block is 8 or 16 warps (qmma1_block_shape): T row tiles x W parts of K (qmma1_parts), the
+//  * a block is up to 8 or 16 warps (qmma1_block_shape): T row tiles x W parts of K (qmma1_parts), the
 //    parts added in order through shared memory: a row's bits depend on the shape only (one token
 //    row has this one kernel; the folded norm's sum of x^2 also on the block size).
 // Error: x to 2^-20 of its group's max, q and the integer sums exact; quant_gemv_test checks the
@@ -578,29 +578,26 @@ inline bool qmma1_fill() {
 // Block shape and parts of K of one launch of the default form (the only one with a 16-warp
 // instance): warps per block (the kernel instance: 8 or 16), row tiles per block (T) and parts of K
 // per tile (W); a block runs T x W <= warps warps. parts: the rule's or the forced W
-// (SCR_CUDA_QUANT_TC1_PARTS; 16 only in 16-warp blocks).
+// (SCR_CUDA_QUANT_TC1_PARTS; 16 only in 16-warp blocks). A forced W or block size
+// (SCR_CUDA_QUANT_TC1_BLOCK) takes that shape as it is: no W = 16, no fill.
 struct QMma1Block {
     int warps, parts, tiles;
 };
-inline QMma1Block qmma1_block_shape(bool swiglu, int parts, bool parts_forced, int row_tiles, int chunks, int sms,
-                                    bool fill = true) {
+inline QMma1Block qmma1_block_shape(bool swiglu, int parts, bool parts_forced, int row_tiles, int chunks, int sms) {
     if (parts > kMma1Warps) return {16, parts, 16 / parts};
     const int blocks8 = ceil_div(row_tiles, kMma1Warps / parts);
-    int warps = qmma1_block_warps_override();
-    if (!warps) warps = blocks8 > 2 * sms ? 8 : !swiglu || blocks8 < 2 * sms - sms / 8 ? 16 : 8;
-    const bool w16 = warps == 16 && !swiglu && !parts_forced && qmma1_w16() && parts == kMma1Warps && blocks8 <= sms &&
-                     chunks % 16 == 0 && chunks >= 64;
-    if (w16) return {16, 16, 1};
+    if (const int forced = qmma1_block_warps_override()) return {forced, parts, forced / parts};
+    const int warps = blocks8 > 2 * sms ? 8 : !swiglu || blocks8 < 2 * sms - sms / 8 ? 16 : 8;
+    if (warps == 8 || parts_forced) return {warps, parts, warps / parts};
+    if (!swiglu && qmma1_w16() && parts == kMma1Warps && blocks8 <= sms && chunks % 16 == 0 && chunks >= 64)
+        return {16, 16, 1};
     // Fill: where 16-warp blocks of 16 / W row tiles leave SMs idle (the 8B's grouped QKV: 96 blocks
     // of 4 tiles x W 4 on 132 SMs; its gate/up 112 of 8 x 2), blocks of fewer tiles at the same W
     // spread the row tiles over more SMs (128 blocks of 3 x 4 and 7 x 2): 8B MLX int4 2.108 -> 2.077
     // ms per token, QKV 11.25 -> 10.6 us. Growing W to refill the block (3 x 5) and halving W were
     // slower (docs/CUDA.md "Session 21").
-    if (fill && warps == 16 && !parts_forced) {
-        const int t = ceil_div(row_tiles, sms);
-        if (t < 16 / parts) return {16, parts, t};
-    }
-    return {warps, parts, warps / parts};
+    const int tiles = qmma1_fill() ? std::min(16 / parts, ceil_div(row_tiles, sms)) : 16 / parts;
+    return {16, parts, tiles};
 }
 
 template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH, int BW>
@@ -636,7 +633,7 @@ bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
                                                          : qmma1_parts(row_tiles, chunks, resident);
     // Only the default form has the 16-warp instance (the others exist for A/B runs of sessions 7-13).
     if constexpr ((WIDE || QMma1Shape<F>::GPC < 2) && !XPOSE && XBATCH == kQmma1XBatch<SWIGLU, NORM>) {
-        const QMma1Block b = qmma1_block_shape(SWIGLU, parts, forced != 0, row_tiles, chunks, qsmem_sms(), qmma1_fill());
+        const QMma1Block b = qmma1_block_shape(SWIGLU, parts, forced != 0, row_tiles, chunks, qsmem_sms());
         if (b.warps == 16) return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, 16>(c, a, b.tiles, b.parts, row_tiles, chunks);
         return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, kMma1Warps>(c, a, b.tiles, b.parts, row_tiles, chunks);
     }

@@ -746,7 +746,32 @@ int host_selftest() {
             !split_is(3072, 2048, 8, 1);
     std::printf("host selftest (split-K choice, 336 tile/chunk/mode/resident cases + the 1B shapes): %d wrong: %s\n", sbad,
                 sbad ? "FAILED" : "ok");
-    return bad || xbad || ebad || control != 6 || sbad ? 1 : 0;
+
+    // The one-row tensor-core kernel's launch shapes for the Llama 1B / 8B at one token row on the
+    // H200 (132 SMs x 16 resident warps), by hand from the rules (docs/CUDA.md "Session 20" and
+    // "Session 21"; no switches set): {warps of the instance, W, row tiles per block}.
+    int bbad = 0;
+    const auto block_is = [&](const char* what, bool swiglu, int n, int k, qdetail::QMma1Block want) {
+        const int tiles = (n + 15) / 16, chunks = k / 128;
+        const int parts = qdetail::qmma1_parts(tiles, chunks, 132 * 16);
+        const qdetail::QMma1Block b = qdetail::qmma1_block_shape(swiglu, parts, false, tiles, chunks, 132);
+        if (b.warps == want.warps && b.parts == want.parts && b.tiles == want.tiles) return;
+        ++bbad;
+        std::printf("host selftest: %s: block %d warps, W %d, %d tiles; want %d, %d, %d\n", what, b.warps, b.parts, b.tiles,
+                    want.warps, want.parts, want.tiles);
+    };
+    block_is("1B qkv", false, 3072, 2048, {16, 8, 2});
+    block_is("1B o", false, 2048, 2048, {16, 8, 1});                 // fill: 128 blocks of 1 x 8
+    block_is("1B gate/up", true, 8192, 2048, {8, 4, 2});
+    block_is("1B down", false, 2048, 8192, {16, 16, 1});             // W = 16
+    block_is("1B lm_head", false, 128256, 2048, {8, 1, 8});
+    block_is("8B qkv", false, 6144, 4096, {16, 4, 3});               // fill: 128 blocks of 3 x 4
+    block_is("8B o", false, 4096, 4096, {16, 8, 2});
+    block_is("8B gate/up", true, 14336, 4096, {16, 2, 7});           // fill: 128 blocks of 7 x 2
+    block_is("8B down", false, 4096, 14336, {16, 8, 2});
+    block_is("8B lm_head", false, 128256, 4096, {8, 1, 8});
+    std::printf("host selftest (one-row block shapes, 10 Llama launches): %d wrong: %s\n", bbad, bbad ? "FAILED" : "ok");
+    return bad || xbad || ebad || control != 6 || sbad || bbad ? 1 : 0;
 }
 
 }  // namespace
