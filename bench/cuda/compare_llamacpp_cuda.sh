@@ -17,6 +17,10 @@
 # llama-batched-bench -npp 128 -ntg 128 -npl 16,64,256 (facts.md's condition).
 # Logs in $OUT/logs, the lines that matter in $OUT/summary.txt.
 set -u
+if [ $# -ne 2 ] || [ ! -f "$1/bin.tar.xz" ] || [ ! -f "$2/bin.tar.xz" ]; then
+    echo "usage: [OUT=DIR] [MODELS=...] bash $0 SCR_CARRY LLAMA_CARRY (each a folder holding bin.tar.xz; see the header)" >&2
+    exit 2
+fi
 OUT=${OUT:-/tmp/scr-lcpp-out}
 LOGS=$OUT/logs
 mkdir -p "$LOGS"
@@ -35,7 +39,7 @@ GGUF_DIR=${GGUF_DIR:-/tmp}             # the disk: /dev/shm holds our checkpoint
 # llama-bench's markdown rows: "| model | size | params | backend | ngl | fa | test | t/s |".
 lb_rows() { grep -E '^\| .*(pp|tg)[0-9]+' "$LOGS/$1.txt" | awk -F'|' '{gsub(/ +/," "); print $(NF-2) ":" $(NF-1)}' | tr '\n' ';'; }
 for m in ${MODELS:-1b 8b}; do
-    case $m in 8b) cfg=models/configs/llama/llama-3.1-8b.json ;; *) cfg=models/configs/llama/llama-3.2-1b.json ;; esac
+    cfg=$(model_config "$m") || exit 2
     make_model_any "$m"
     G=$GGUF_DIR/g$m
     step gguf_$m 400 python3 bench/make_gguf.py "$cfg" "$G-bf16.gguf" --from "$M"

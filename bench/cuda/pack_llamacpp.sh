@@ -3,7 +3,7 @@
 # carry to the GPU machine for bench/cuda/compare_llamacpp_cuda.sh:
 #   bench/cuda/pack_llamacpp.sh LLAMA_BUILD_DIR [OUT=.lcpp-carry]
 # LLAMA_BUILD_DIR: a build with BUILD_SHARED_LIBS=ON (one copy of ggml-cuda's kernels shared by the
-# three tools instead of one per executable), e.g. (docs/PERF.md, "llama.cpp on the H200, side by side"):
+# three tools instead of one per executable), e.g. (docs/PERF.md, "Session 22 (2026-12-03): llama.cpp built and run on the same machine"):
 #   cmake -S llama.cpp -B lcpp-build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
 #     -DCMAKE_CUDA_ARCHITECTURES=90a-real -DGGML_CUDA_NCCL=OFF -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=ON \
 #     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \

@@ -26,9 +26,9 @@ if [ -x $C/scr_cuda_linear ]; then
     grep -E "FAIL|passed|batch-invariant|error" "$LOGS/linear.txt" | head -20
 fi
 for m in ${MODELS:-8b 1b}; do
-    case $m in 8b) cfg=llama/llama-3.1-8b ;; 30b) cfg=qwen3_moe/qwen3-30b-a3b ;; *) cfg=llama/llama-3.2-1b ;; esac
+    cfg=$(model_config "$m") || exit 2
     M=/dev/shm/l$m
-    step "make_random_$m" 90 $C/scr make-random models/configs/$cfg.json $M --dtype bf16
+    step "make_random_$m" 90 $C/scr make-random "$cfg" $M --dtype bf16
     for B in ${BENCH_BATCHES-16 64 256}; do
         for v in default ab; do
             env=(); [ $v = ab ] && env=($AB_ENV)

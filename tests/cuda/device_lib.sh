@@ -5,6 +5,7 @@
 #                                     on PATH, and reads weights from the file mapping (SCR_HUGE_PAGES=0);
 #   step NAME TIMEOUT CMD...          runs CMD under timeout, its output in $LOGS/NAME.txt, and adds
 #                                     "NAME: rc=... (... s)" to the summary array;
+#   model_config KEY                  the config.json of model KEY (below; an unknown key: rc 1, named);
 #   make_model KEY                    a random bf16 checkpoint of model KEY (1b = Llama-3.2-1B, 8b =
 #                                     Llama-3.1-8B, 30b = Qwen3-30B-A3B) in /dev/shm/mKEY (sets M),
 #                                     made by $C/scr as step make_random_KEY;
@@ -35,17 +36,27 @@ step() {
     local rc=$?
     summary+=("$name: rc=$rc ($((SECONDS - t0)) s)")
 }
+# The config.json of model KEY (1b, 8b, 30b); an unknown key is named on stderr (rc 1).
+model_config() {
+    case $1 in
+    1b) echo models/configs/llama/llama-3.2-1b.json ;;
+    8b) echo models/configs/llama/llama-3.1-8b.json ;;
+    30b) echo models/configs/qwen3_moe/qwen3-30b-a3b.json ;;
+    *) echo "unknown model key '$1' (known: 1b, 8b, 30b)" >&2; return 1 ;;
+    esac
+}
 make_model() {
     local cfg
-    case $1 in 8b) cfg=llama/llama-3.1-8b ;; 30b) cfg=qwen3_moe/qwen3-30b-a3b ;; *) cfg=llama/llama-3.2-1b ;; esac
+    cfg=$(model_config "$1") || exit 2
     M=/dev/shm/m$1
-    step "make_random_$1" 120 $C/scr make-random models/configs/$cfg.json $M --dtype bf16
+    step "make_random_$1" 120 $C/scr make-random "$cfg" $M --dtype bf16
 }
 make_model_any() {
     make_model $1
     [ -f $M/config.json ] && return
-    local cfg=models/configs/llama/llama-3.2-1b.json
-    [ $1 = 8b ] && cfg=models/configs/llama/llama-3.1-8b.json
+    case $1 in 1b | 8b) ;; *) echo "make_model_any: the transformers fallback makes Llama models only, not '$1'" >&2; return 1 ;; esac
+    local cfg
+    cfg=$(model_config "$1")
     step make_py_$1 300 python3 -c "
 import sys, torch, transformers
 c = transformers.LlamaConfig.from_json_file('$cfg')
