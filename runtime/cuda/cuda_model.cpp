@@ -13,6 +13,7 @@
 #include "runtime/core/error.hpp"
 #include "runtime/core/thread_pool.hpp"
 #include "runtime/cuda/startup.hpp"
+#include "runtime/cuda/step_copy.hpp"
 #include "runtime/weights/weight_set.hpp"
 #include "kernels/cuda/sample.hpp"
 
@@ -68,6 +69,17 @@ struct CudaGeneratedModel::Impl {
     bool pdl = [] {
         const char* e = std::getenv("SCR_CUDA_PDL");
         return !(e && std::string_view(e) == "0");
+    }();
+    // How a small step's arrays reach the device (launch()): queued behind a pending step (run-ahead),
+    // by one kernel reading the pinned buffer, ~4 us sooner than a copy-engine transfer there; on an
+    // idle GPU the transfer starts sooner than a kernel (docs/CUDA.md "Session 23").
+    // SCR_CUDA_STEP_COPY=memcpy / kernel forces one way for every step, for A/B measurements.
+    enum class StepCopy { automatic, memcpy, kernel };
+    StepCopy step_copy = [] {
+        const char* e = std::getenv("SCR_CUDA_STEP_COPY");
+        if (e && std::string_view(e) == "memcpy") return StepCopy::memcpy;
+        if (e && std::string_view(e) == "kernel") return StepCopy::kernel;
+        return StepCopy::automatic;
     }();
     // With timing on, per launch slot: before the step's copy, before its kernels, after them (before
     // the sampler), after the sampler.
@@ -321,11 +333,38 @@ void CudaGeneratedModel::Impl::launch(CudaGeneratedModel& model, const StepBatch
             params[r] = kc::SampleParams{s.temperature, s.top_k, s.top_p, s.min_p, s.uniform};
         }
     }
-    // One copy per step. Run-ahead: a fed step's token ids are the previous step's draws, which the
-    // sampler left in the device's id rows; the copy starts after them (ids come first in the layout).
-    const size_t copy_end = m.off_tables + size_t(S) * stride * 4, copy_from = feed_previous ? m.off_header : 0;
+    // The step's arrays to the device. Run-ahead: a fed step's token ids are the previous step's
+    // draws, which the sampler left in the device's id rows, so they are not copied (ids come first
+    // in the layout). A small step queued behind another (step_copy above): the ranges its launches
+    // read, by one kernel from the mapped pinned buffer (cuda_rt::copy_step_ranges); otherwise one
+    // copy-engine transfer of the span.
+    cuda_rt::StepCopyRanges ranges;
+    auto add_range = [&](size_t off, size_t bytes) {
+        if (bytes > 0) {
+            ranges.offset[ranges.n] = uint32_t(off);
+            ranges.bytes[ranges.n++] = uint32_t(bytes);
+        }
+    };
+    if (!feed_previous) add_range(m.off_ids, size_t(rows) * 4);
+    add_range(m.off_header, kc::kHeaderInts * 4);
+    add_range(m.off_pos, size_t(rows) * 4);
+    add_range(m.off_slots, size_t(rows) * 8);
+    add_range(m.off_seq, size_t(rows) * 4);
+    add_range(m.off_logit_rows, size_t(logit_rows) * 4);
+    if (l.sampled_rows > 0) add_range(m.off_params, size_t(R) * sizeof(kc::SampleParams));
+    add_range(m.off_tables, size_t(S) * stride * 4);
+    size_t range_bytes = 0;
+    for (int i = 0; i < ranges.n; ++i) range_bytes += ranges.bytes[i];
     if (l.timed) SCR_CUDA(cudaEventRecord(m.t_copy[slot], m.stream));
-    SCR_CUDA(cudaMemcpyAsync(m.meta_dev + copy_from, h + copy_from, copy_end - copy_from, cudaMemcpyHostToDevice, m.stream));
+    const bool queued = m.launched > m.waited;  // behind a pending step's kernels
+    const bool by_kernel = m.step_copy == Impl::StepCopy::kernel || (m.step_copy == Impl::StepCopy::automatic && queued);
+    if (by_kernel && range_bytes <= cuda_rt::kStepCopyKernelMaxBytes) {
+        cuda_rt::copy_step_ranges(m.stream, m.meta_dev, h, ranges);
+        check(cudaGetLastError(), "the step copy kernel launch");
+    } else {
+        const size_t copy_end = m.off_tables + size_t(S) * stride * 4, copy_from = feed_previous ? m.off_header : 0;
+        SCR_CUDA(cudaMemcpyAsync(m.meta_dev + copy_from, h + copy_from, copy_end - copy_from, cudaMemcpyHostToDevice, m.stream));
+    }
 
     kc::Ctx ctx;
     ctx.stream = m.stream;

@@ -84,6 +84,7 @@ if [ -n "${1:-}" ] && [ "$1" != - ]; then
                 for v in "${VARS[@]}"; do
                     step cb_${k}_${v}_$r 200 env $(venv $v) $S cuda-bench "$q" --prompt 128 --decode 128 --prefill "${CB_PREFILL:-0}" --batches 1
                     echo "$k $v round $r: $(grep -h -o '"decode_device_ms": [0-9.]*\|"batch_tps": {[^}]*}\|"prefill_tps": [0-9.]*' "$LOGS/cb_${k}_${v}_$r.txt" | tr '\n' ' ')"
+                    grep -h "step parts" "$LOGS/cb_${k}_${v}_$r.txt" | sed 's/^/    /'
                     if [ "${LATENCY:-0}" = 1 ]; then  # the engine's path: one request at a time, 256 tokens each
                         step lat_${k}_${v}_$r 300 env $(venv $v) $S bench "$q" --mode latency --concurrency 1 --num-prompts 3 \
                             --input-len 128 --output-len 256 --prefix-caching off --temperature 0
