@@ -338,6 +338,7 @@ void CudaGeneratedModel::Impl::launch(CudaGeneratedModel& model, const StepBatch
     // in the layout). A small step queued behind another (step_copy above): the ranges its launches
     // read, by one kernel from the mapped pinned buffer (cuda_rt::copy_step_ranges); otherwise one
     // copy-engine transfer of the span.
+    static_assert(sizeof(kc::SampleParams) % 4 == 0 && kAlign % 4 == 0, "copy_step_ranges copies whole 32-bit words");
     cuda_rt::StepCopyRanges ranges;
     auto add_range = [&](size_t off, size_t bytes) {
         if (bytes > 0) {
