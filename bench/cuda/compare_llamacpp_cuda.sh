@@ -52,7 +52,7 @@ for m in ${MODELS:-1b 8b}; do
         for p in bf16 $PRESETS; do
             d=$M; [ $p = bf16 ] || d=$M-$p
             step cb_${m}_${p}_$r 200 $S cuda-bench "$d" --prompt 128 --decode 128 --prefill 512 --batches 1
-            echo "$m scr $p round $r: $(grep -h -o '"decode_device_ms": [0-9.]*\|"batch_tps": {[^}]*}\|"prefill_tps": [0-9.]*' "$LOGS/cb_${m}_${p}_$r.txt" | tr '\n' ' ')"
+            echo "$m scr $p round $r: $(grep -h -o '"decode_device_ms": [0-9.]*\|"batch_tps": {[^}]*}\|"batch_ahead_tps": {[^}]*}\|"prefill_tps": [0-9.]*' "$LOGS/cb_${m}_${p}_$r.txt" | tr '\n' ' ')"
         done
         for t in $TYPES; do
             g=$G-$t.gguf; [ $t = BF16 ] && g=$G-bf16.gguf
