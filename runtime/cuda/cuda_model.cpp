@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -79,6 +80,7 @@ struct CudaGeneratedModel::Impl {
         const char* e = std::getenv("SCR_CUDA_STEP_COPY");
         if (e && std::string_view(e) == "memcpy") return StepCopy::memcpy;
         if (e && std::string_view(e) == "kernel") return StepCopy::kernel;
+        if (e && *e) std::fprintf(stderr, "scr: SCR_CUDA_STEP_COPY=%s is not memcpy or kernel; using the automatic rule\n", e);
         return StepCopy::automatic;
     }();
     // With timing on, per launch slot: before the step's copy, before its kernels, after them (before
