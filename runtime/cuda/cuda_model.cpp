@@ -71,10 +71,11 @@ struct CudaGeneratedModel::Impl {
         const char* e = std::getenv("SCR_CUDA_PDL");
         return !(e && std::string_view(e) == "0");
     }();
-    // How a small step's arrays reach the device (launch()): queued behind a pending step (run-ahead),
-    // by one kernel reading the pinned buffer, ~4 us sooner than a copy-engine transfer there; on an
-    // idle GPU the transfer starts sooner than a kernel (docs/CUDA.md "Session 23").
-    // SCR_CUDA_STEP_COPY=memcpy / kernel forces one way for every step, for A/B measurements.
+    // How a small decode (graph) step's arrays reach the device (launch()): queued behind a pending
+    // step (run-ahead), by one kernel reading the pinned buffer, ~4 us sooner than a copy-engine
+    // transfer there; on an idle GPU the transfer starts sooner than a kernel (docs/CUDA.md
+    // "Session 23"). SCR_CUDA_STEP_COPY=memcpy / kernel forces one way for every graph step, for
+    // A/B measurements (eager steps always take the transfer).
     enum class StepCopy { automatic, memcpy, kernel };
     StepCopy step_copy = [] {
         const char* e = std::getenv("SCR_CUDA_STEP_COPY");
@@ -337,9 +338,9 @@ void CudaGeneratedModel::Impl::launch(CudaGeneratedModel& model, const StepBatch
     }
     // The step's arrays to the device. Run-ahead: a fed step's token ids are the previous step's
     // draws, which the sampler left in the device's id rows, so they are not copied (ids come first
-    // in the layout). A small step queued behind another (step_copy above): the ranges its launches
-    // read, by one kernel from the mapped pinned buffer (cuda_rt::copy_step_ranges); otherwise one
-    // copy-engine transfer of the span.
+    // in the layout). A small graph step queued behind another (step_copy above): the ranges its
+    // launches read, by one kernel from the mapped pinned buffer (cuda_rt::copy_step_ranges);
+    // otherwise one copy-engine transfer of the span.
     static_assert(sizeof(kc::SampleParams) % 4 == 0 && kAlign % 4 == 0, "copy_step_ranges copies whole 32-bit words");
     cuda_rt::StepCopyRanges ranges;
     auto add_range = [&](size_t off, size_t bytes) {
@@ -359,8 +360,10 @@ void CudaGeneratedModel::Impl::launch(CudaGeneratedModel& model, const StepBatch
     size_t range_bytes = 0;
     for (int i = 0; i < ranges.n; ++i) range_bytes += ranges.bytes[i];
     if (l.timed) SCR_CUDA(cudaEventRecord(m.t_copy[slot], m.stream));
+    // Graph steps only: a graph launch starts after all earlier work in the stream, while an eager
+    // step's first kernel is a programmatic dependent that may start before the copy kernel ends.
     const bool queued = m.launched > m.waited;  // behind a pending step's kernels
-    const bool by_kernel = m.step_copy == Impl::StepCopy::kernel || (m.step_copy == Impl::StepCopy::automatic && queued);
+    const bool by_kernel = decode && (m.step_copy == Impl::StepCopy::kernel || (m.step_copy == Impl::StepCopy::automatic && queued));
     if (by_kernel && range_bytes <= cuda_rt::kStepCopyKernelMaxBytes) {
         cuda_rt::copy_step_ranges(m.stream, m.meta_dev, h, ranges);
         check(cudaGetLastError(), "the step copy kernel launch");
