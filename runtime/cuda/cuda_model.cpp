@@ -360,10 +360,12 @@ void CudaGeneratedModel::Impl::launch(CudaGeneratedModel& model, const StepBatch
     size_t range_bytes = 0;
     for (int i = 0; i < ranges.n; ++i) range_bytes += ranges.bytes[i];
     if (l.timed) SCR_CUDA(cudaEventRecord(m.t_copy[slot], m.stream));
-    // Graph steps only: a graph launch starts after all earlier work in the stream, while an eager
-    // step's first kernel is a programmatic dependent that may start before the copy kernel ends.
+    // Graph replays only: a graph launch starts after all earlier work in the stream, while an eager
+    // step's first kernel (also a bucket's first, uncaptured run) is a programmatic dependent that
+    // may start before the copy kernel ends.
+    const bool replay = decode && m.graphs.count(rows) > 0;
     const bool queued = m.launched > m.waited;  // behind a pending step's kernels
-    const bool by_kernel = decode && (m.step_copy == Impl::StepCopy::kernel || (m.step_copy == Impl::StepCopy::automatic && queued));
+    const bool by_kernel = replay && (m.step_copy == Impl::StepCopy::kernel || (m.step_copy == Impl::StepCopy::automatic && queued));
     if (by_kernel && range_bytes <= cuda_rt::kStepCopyKernelMaxBytes) {
         cuda_rt::copy_step_ranges(m.stream, m.meta_dev, h, ranges);
         check(cudaGetLastError(), "the step copy kernel launch");
