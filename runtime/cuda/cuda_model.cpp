@@ -73,7 +73,7 @@ struct CudaGeneratedModel::Impl {
     }();
     // How a small decode (graph) step's arrays reach the device (launch()): queued behind a pending
     // step (run-ahead), by one kernel reading the pinned buffer, ~4 us sooner than a copy-engine
-    // transfer there; on an idle GPU the transfer starts sooner than a kernel (docs/CUDA.md
+    // transfer there; on an idle GPU the kernel did not help (docs/CUDA.md
     // "Session 23"). SCR_CUDA_STEP_COPY=memcpy / kernel forces one way for every graph step, for
     // A/B measurements (eager steps always take the transfer).
     enum class StepCopy { automatic, memcpy, kernel };
@@ -342,31 +342,32 @@ void CudaGeneratedModel::Impl::launch(CudaGeneratedModel& model, const StepBatch
     // launches read, by one kernel from the mapped pinned buffer (cuda_rt::copy_step_ranges);
     // otherwise one copy-engine transfer of the span.
     static_assert(sizeof(kc::SampleParams) % 4 == 0 && kAlign % 4 == 0, "copy_step_ranges copies whole 32-bit words");
-    cuda_rt::StepCopyRanges ranges;
-    auto add_range = [&](size_t off, size_t bytes) {
-        if (bytes > 0) {
-            ranges.offset[ranges.n] = uint32_t(off);
-            ranges.bytes[ranges.n++] = uint32_t(bytes);
-        }
-    };
-    if (!feed_previous) add_range(m.off_ids, size_t(rows) * 4);
-    add_range(m.off_header, kc::kHeaderInts * 4);
-    add_range(m.off_pos, size_t(rows) * 4);
-    add_range(m.off_slots, size_t(rows) * 8);
-    add_range(m.off_seq, size_t(rows) * 4);
-    add_range(m.off_logit_rows, size_t(logit_rows) * 4);
-    if (l.sampled_rows > 0) add_range(m.off_params, size_t(R) * sizeof(kc::SampleParams));
-    add_range(m.off_tables, size_t(S) * stride * 4);
-    size_t range_bytes = 0;
-    for (int i = 0; i < ranges.n; ++i) range_bytes += ranges.bytes[i];
-    if (l.timed) SCR_CUDA(cudaEventRecord(m.t_copy[slot], m.stream));
     // Graph replays only: a graph launch starts after all earlier work in the stream, while an eager
     // step's first kernel (also a bucket's first, uncaptured run) is a programmatic dependent that
-    // may start before the copy kernel ends.
+    // may start before a copy kernel ends.
     const bool replay = decode && m.graphs.count(rows) > 0;
     const bool queued = m.launched > m.waited;  // behind a pending step's kernels
-    const bool by_kernel = replay && (m.step_copy == Impl::StepCopy::kernel || (m.step_copy == Impl::StepCopy::automatic && queued));
-    if (by_kernel && range_bytes <= cuda_rt::kStepCopyKernelMaxBytes) {
+    bool by_kernel = replay && (m.step_copy == Impl::StepCopy::kernel || (m.step_copy == Impl::StepCopy::automatic && queued));
+    cuda_rt::StepCopyRanges ranges;
+    if (by_kernel) {
+        size_t total = 0;
+        auto add_range = [&](size_t off, size_t bytes) {
+            ranges.offset[ranges.n] = uint32_t(off);
+            ranges.bytes[ranges.n++] = uint32_t(bytes);
+            total += bytes;
+        };
+        if (!feed_previous) add_range(m.off_ids, size_t(rows) * 4);
+        add_range(m.off_header, kc::kHeaderInts * 4);
+        add_range(m.off_pos, size_t(rows) * 4);
+        add_range(m.off_slots, size_t(rows) * 8);
+        add_range(m.off_seq, size_t(rows) * 4);
+        add_range(m.off_logit_rows, size_t(logit_rows) * 4);
+        if (l.sampled_rows > 0) add_range(m.off_params, size_t(R) * sizeof(kc::SampleParams));
+        add_range(m.off_tables, size_t(S) * stride * 4);
+        by_kernel = total <= cuda_rt::kStepCopyKernelMaxBytes;
+    }
+    if (l.timed) SCR_CUDA(cudaEventRecord(m.t_copy[slot], m.stream));
+    if (by_kernel) {
         cuda_rt::copy_step_ranges(m.stream, m.meta_dev, h, ranges);
         check(cudaGetLastError(), "the step copy kernel launch");
     } else {

@@ -1,8 +1,8 @@
 // The step's arrays from the pinned host buffer to the device (runtime/cuda/cuda_model.cpp): for a
 // small graph step queued behind a pending one (run-ahead), the ranges it uses, read by one kernel
 // straight from the mapped host memory, instead of one copy-engine transfer of the whole span
-// (docs/CUDA.md "Session 23": 4.9-5.4 us against 8.3-9.6 between the previous sampler and the
-// step's first kernel; on an idle GPU the transfer is the sooner). Plain C++ declarations.
+// (docs/CUDA.md "Session 23": 4.9-5.4 us against 7.7-10.0 between the previous sampler and the
+// step's first kernel; on an idle GPU the kernel did not help). Plain C++ declarations.
 #pragma once
 
 #include <cstddef>
