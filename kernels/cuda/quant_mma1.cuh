@@ -14,7 +14,7 @@
 //    (QDigits: one rounding add per value, |residual| <= 2^-20 of the group's max |x|), staged once per
 //    block in shared memory as the B registers;
 //  * the MMA's 8 columns carry 8 consecutive groups instead of 8 token rows: the lanes of column j
-//    supply x only for the k of group j (the others read 32 zero bytes), so C[row][j] is group j's
+//    supply x only for the k of group j (the others hold zeros: PRED), so C[row][j] is group j's
 //    sum of q * digit, and the scales are applied once per 8 groups, on every lane, no shuffles:
 //        y += s_g * scale_x,g * (C0 + 256 C1 + 65536 C2) + b_g * X_g     (X_g = the group's sum of x)
 //  * a block is up to 8 or 16 warps (qmma1_block_shape): T row tiles x W parts of K (qmma1_parts), the
@@ -111,11 +111,15 @@ inline PdlTrigger qmma1_trigger() {
 // 4 lanes by shuffles (qchunk_words) so that word w of every lane lies in group w / (G / 32); the same
 // integer sums, so the same bits (SCR_CUDA_QUANT_TC1_VARIANT=xpose, for A/B runs). XBATCH: the x
 // staging's loads batched (kQmma1XBatch above).
+// PRED: only the 4 lanes whose B column holds x (the others' columns are zero) load it from shared
+// memory, the others hold zeros in registers; else every lane loads, the others from a 32-byte zero
+// block (sessions 7-23; SCR_CUDA_QUANT_TC1_VARIANT=zero). The same bits. H200, session 24 (docs/CUDA.md
+// "Session 24"): device ms per token 8B 2.037 -> 2.024, 1B 0.487 -> 0.481; lm_head 92.2 -> 89.3 us.
 // BW: warps per block, 8 (two blocks per SM) or 16 (one block per SM: the block's 16 / W row tiles
 // share one staging of x, half the L2 reads and staging work per SM; qmma1_block_shape); a block
 // may run fewer (T x W of blockDim: the fill of qmma1_block_shape). Registers
 // are capped at 128 either way, and a row's arithmetic depends on W only.
-template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH, int BW = kMma1Warps>
+template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH, bool PRED, int BW = kMma1Warps>
 __global__ void __launch_bounds__(BW * kWarp, 16 / BW) quant_mma1_kernel(const __grid_constant__ QuantFusedArgs p, int kparts, PdlTrigger trigger_at) {
     static_assert(F::kAffine, "the one-row tensor-core kernel is for the MLX int4 formats");
     static_assert(F::kGroup <= 128, "the digit sums are combined in int32, which holds groups of up to 128");
@@ -367,9 +371,14 @@ __global__ void __launch_bounds__(BW * kWarp, 16 / BW) quant_mma1_kernel(const _
             for (int wd = 0; wd < 4; ++wd) {
                 // This lane's B column is its word's group (transposed: word wd's; else lane t's).
                 const int col = col0 + (XPOSE ? wd : t) / WPG;
-                const uint4* xp = g == col ? xs + ((c_first + c) * 16 + wd * 4 + t) * 2 : zero;  // zero: 32 bytes
-                const uint4 b01 = xp[0];
-                const uint2 b2 = *reinterpret_cast<const uint2*>(xp + 1);
+                // PRED: one shared-memory wavefront per load (4 lanes, 128 contiguous bytes) instead of 4 / 2.
+                uint4 b01 = make_uint4(0u, 0u, 0u, 0u);
+                uint2 b2 = make_uint2(0u, 0u);
+                if (!PRED || g == col) {
+                    const uint4* xp = g == col ? xs + ((c_first + c) * 16 + wd * 4 + t) * 2 : zero;  // zero: 32 bytes
+                    b01 = xp[0];
+                    b2 = *reinterpret_cast<const uint2*>(xp + 1);
+                }
 #pragma unroll
                 for (int m = 0; m < MT; ++m) {
                     // Low nibbles (k + 0, 2, 4, 6) and high nibbles (k + 1, 3, 5, 7) as bytes: exact u8.
@@ -469,13 +478,13 @@ bool quant_mma1_fits(const QuantFusedArgs& a) {
 
 // Warps of quant_mma1_kernel resident on the GPU in blocks of kMma1Warps (registers decide;
 // shared memory is checked per launch).
-template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH>
+template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH, bool PRED>
 int qmma1_resident_warps() {
     static const int warps = [] {
         int dev = 0, sms = 0, blocks = 0;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH>, kMma1Warps * kWarp, 0);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, PRED>, kMma1Warps * kWarp, 0);
         return std::max(1, sms * blocks * kMma1Warps);
     }();
     return warps;
@@ -521,14 +530,16 @@ inline int qmma1_parts_override() {
 // bits: narrow2 the 16-bit scale loads (the default, wide2, loads a span's scales and biases 32 bits
 // at a time where the group size allows: g32, g64); xpose the lane transpose of the weight words
 // (sessions 7-11; 32-bit scale loads); xone the x staging one entry at a time everywhere (sessions
-// 7-12). docs/CUDA.md "Session 10", "Session 12" and "Session 13" have the measurements.
-enum class QMma1Variant { wide2, narrow2, xpose, xone };
+// 7-12); zero every lane's x loads, the lanes of other columns from a zero block (sessions 7-23; see
+// PRED). docs/CUDA.md "Session 10", "Session 12", "Session 13" and "Session 24" have the measurements.
+enum class QMma1Variant { wide2, narrow2, xpose, xone, zero };
 inline QMma1Variant qmma1_variant() {
     static const QMma1Variant v = [] {
         const char* e = std::getenv("SCR_CUDA_QUANT_TC1_VARIANT");
         if (e && std::strcmp(e, "narrow2") == 0) return QMma1Variant::narrow2;
         if (e && std::strcmp(e, "xpose") == 0) return QMma1Variant::xpose;
         if (e && std::strcmp(e, "xone") == 0) return QMma1Variant::xone;
+        if (e && std::strcmp(e, "zero") == 0) return QMma1Variant::zero;
         return QMma1Variant::wide2;
     }();
     return v;
@@ -600,7 +611,7 @@ inline QMma1Block qmma1_block_shape(bool swiglu, int parts, bool parts_forced, i
     return {16, parts, tiles};
 }
 
-template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH, int BW>
+template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH, bool PRED, int BW>
 bool launch_quant_mma1_bw(const Ctx& c, const QuantFusedArgs& a, int tiles_per_block, int parts, int row_tiles, int chunks) {
     const int warps = tiles_per_block * parts;  // <= BW
     const size_t smem = qmma1_smem<F, SWIGLU>(warps, chunks);
@@ -608,18 +619,18 @@ bool launch_quant_mma1_bw(const Ctx& c, const QuantFusedArgs& a, int tiles_per_b
         int dev = 0, v = 0;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-        cudaFuncSetAttribute(quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, BW>, cudaFuncAttributeMaxDynamicSharedMemorySize, v);
+        cudaFuncSetAttribute(quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, PRED, BW>, cudaFuncAttributeMaxDynamicSharedMemorySize, v);
         return v;
     }();
     if (smem > size_t(smem_max)) return false;
     qmma1_last_split() = QMmaSplit{tiles_per_block, parts};
-    launch_smem(c, quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, BW>, dim3(1, ceil_div(row_tiles, tiles_per_block)),
+    launch_smem(c, quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, PRED, BW>, dim3(1, ceil_div(row_tiles, tiles_per_block)),
                 dim3(warps * kWarp), smem, a, parts, qmma1_trigger());
     return true;
 }
 
 // Launches the one-row kernel; false (nothing launched) when its shared memory would not fit.
-template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH = kQmma1XBatch<SWIGLU, NORM>>
+template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH = kQmma1XBatch<SWIGLU, NORM>, bool PRED = !XPOSE>
 bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
     int n_total = a.mat[0].n;
     if (!SWIGLU)
@@ -627,19 +638,19 @@ bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
     const int row_tiles = ceil_div(n_total, 16);
     const int chunks = a.k / 128;
     const int forced = qmma1_parts_override();
-    const int resident = qmma1_resident_warps<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH>();
+    const int resident = qmma1_resident_warps<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, PRED>();
     const int parts = forced > 0 && chunks % forced == 0 ? forced
                       : forced < 0                       ? qmma1_parts_fifths(row_tiles, chunks, resident)
                                                          : qmma1_parts(row_tiles, chunks, resident);
     // Only the default form has the 16-warp instance (the others exist for A/B runs of sessions 7-13).
     if constexpr ((WIDE || QMma1Shape<F>::GPC < 2) && !XPOSE && XBATCH == kQmma1XBatch<SWIGLU, NORM>) {
         const QMma1Block b = qmma1_block_shape(SWIGLU, parts, forced != 0, row_tiles, chunks, qsmem_sms());
-        if (b.warps == 16) return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, 16>(c, a, b.tiles, b.parts, row_tiles, chunks);
-        return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, kMma1Warps>(c, a, b.tiles, b.parts, row_tiles, chunks);
+        if (b.warps == 16) return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, PRED, 16>(c, a, b.tiles, b.parts, row_tiles, chunks);
+        return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, PRED, kMma1Warps>(c, a, b.tiles, b.parts, row_tiles, chunks);
     }
     // W = 16 needs 16-warp blocks: the A/B forms fall back to the rule's W.
     const int w = parts > kMma1Warps ? qmma1_parts(row_tiles, chunks, resident) : parts;
-    return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, kMma1Warps>(c, a, kMma1Warps / w, w, row_tiles, chunks);
+    return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, PRED, kMma1Warps>(c, a, kMma1Warps / w, w, row_tiles, chunks);
 }
 
 template <class F, bool SWIGLU, bool NORM>
@@ -652,7 +663,10 @@ bool launch_quant_mma1(const Ctx& c, const QuantFusedArgs& a) {
         if (aligned4 && qmma1_variant() == QMma1Variant::wide2) return launch_quant_mma1_v<F, SWIGLU, NORM, true, false>(c, a);
         if (aligned4 && qmma1_variant() == QMma1Variant::xpose) return launch_quant_mma1_v<F, SWIGLU, NORM, true, true>(c, a);
         if (aligned4 && qmma1_variant() == QMma1Variant::xone) return launch_quant_mma1_v<F, SWIGLU, NORM, true, false, false>(c, a);
+        if (aligned4 && qmma1_variant() == QMma1Variant::zero)
+            return launch_quant_mma1_v<F, SWIGLU, NORM, true, false, kQmma1XBatch<SWIGLU, NORM>, false>(c, a);
     }
+    if (qmma1_variant() == QMma1Variant::zero) return launch_quant_mma1_v<F, SWIGLU, NORM, false, false, kQmma1XBatch<SWIGLU, NORM>, false>(c, a);
     return launch_quant_mma1_v<F, SWIGLU, NORM, false, false>(c, a);
 }
 

@@ -1152,6 +1152,138 @@ int prefill_checks(cudaStream_t st) {
 // grouped QKV and gate/up + SwiGLU, each with the folded RMSNorm, at the 1B and 8B shapes, through the
 // automatic path. Weights cold: copies past 4x the L2, cycled. GB/s counts the packed weights, scales
 // and biases of every matrix of the launch; % of the device copy bandwidth.
+// The one-row kernel's x loads in its two forms (quant_mma1_kernel's PRED, the default: only the 4
+// lanes of the B column that holds x load it; SCR_CUDA_QUANT_TC1_VARIANT=zero: every lane loads, the
+// others from a zero block) must give the same bits. Checked on random inputs and at the ends of the
+// integer digit sums' range (every nibble 15, every |x| at its group's top, of one sign or of
+// alternating sign by parity: sums near +-G 15 2^20), each output also against float64 where no norm
+// is folded (the tensor-core bound).
+template <class F, bool SWIGLU, bool NORM, bool PRED>
+void launch_tc1_form(const Ctx& c, const QuantFusedArgs& a) {
+    constexpr bool kWide = qdetail::QMma1Shape<F>::GPC >= 2;  // as launch_quant_mma1: 32-bit scale loads (cudaMalloc'd: aligned)
+    qdetail::qmma1_last_split() = {0, 0};
+    if (!qdetail::launch_quant_mma1_v<F, SWIGLU, NORM, kWide, false, qdetail::kQmma1XBatch<SWIGLU, NORM>, PRED>(c, a))
+        die("the one-row kernel declined a form check");
+}
+int tc1_form_checks(cudaStream_t st) {
+    struct Case {
+        const char* what;
+        int k, n[3];
+        bool swiglu, norm;
+    };
+    const Case cases[] = {
+        {"single", 2048, {1040, 0, 0}, false, false},
+        {"single, K = 14336", 14336, {272, 0, 0}, false, false},
+        {"grouped + norm", 2048, {512, 128, 128}, false, true},
+        {"swiglu + norm", 4096, {1024, 1024, 0}, true, true},
+        {"swiglu", 2048, {528, 528, 0}, true, false},
+    };
+    const char* modes[] = {"random", "wide range", "q 15, x +top", "q 15, x -top", "q 15, x +-top by parity"};
+    int failures = 0, checks = 0;
+    Ctx c;
+    c.stream = st;
+    for (Fmt f : g_formats) {
+        if (!is_int4(f)) continue;
+        for (const Case& cs : cases) {
+            const int k = cs.k, nmat = cs.swiglu ? 2 : cs.n[2] ? 3 : cs.n[1] ? 2 : 1, nout = cs.swiglu ? 1 : nmat;
+            for (int mode = 0; mode < 5; ++mode) {
+                std::mt19937 rng(77 + mode + k);
+                std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+                std::vector<float> hx(k), hnw(k, 1.0f);
+                for (int i = 0; i < k; ++i) {
+                    const float top = 0.999f;  // below 2^0: every group's digits reach ~2^20
+                    hx[i] = mode == 0 ? uni(rng) * 0.7f
+                            : mode == 1 ? std::copysign(std::pow(10.0f, 4.5f * uni(rng) - 1.5f), uni(rng))
+                            : mode == 2 ? top
+                            : mode == 3 ? -top
+                                        : (i % 2 ? -top : top);
+                    if (cs.norm && mode < 2) hnw[i] = 1.0f + 0.5f * uni(rng);
+                }
+                float *x = nullptr, *nw = nullptr;
+                CK(cudaMalloc(&x, sizeof(float) * k));
+                CK(cudaMalloc(&nw, sizeof(float) * k));
+                CK(cudaMemcpy(x, hx.data(), sizeof(float) * k, cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(nw, hnw.data(), sizeof(float) * k, cudaMemcpyHostToDevice));
+                DevWeights w[3];
+                constexpr int kForms = 2;  // the default (PRED), the zero block
+                float* y[kForms][3] = {};
+                for (int m = 0; m < nmat; ++m) {
+                    w[m] = make_weights(f, cs.n[m], k, 300 + 17 * m + mode);
+                    if (mode >= 2) CK(cudaMemset(w[m].q, 0xff, sizes_of(f, cs.n[m], k).q));
+                    for (int form = 0; form < kForms; ++form) {
+                        CK(cudaMalloc(&y[form][m], sizeof(float) * cs.n[m]));
+                        CK(cudaMemset(y[form][m], 0xff, sizeof(float) * cs.n[m]));
+                    }
+                }
+                for (int form = 0; form < kForms; ++form) {
+                    QuantFusedArgs a;
+                    for (int m = 0; m < nmat; ++m) a.mat[m] = QuantMat{w[m].q, w[m].scales, w[m].biases, nullptr, y[form][m], cs.n[m]};
+                    if (cs.swiglu) a.mat[1].y = a.mat[0].y;
+                    a.nmat = nmat;
+                    a.x = x;
+                    a.norm_w = cs.norm ? nw : nullptr;
+                    a.eps = 1e-5f;
+                    a.k = k;
+                    a.rows = 1;
+                    with_format(f, "tc1_form_checks", [&]<class G>() {
+                        if constexpr (!G::kAffine) die("tc1_form_checks: not an MLX int4 format");
+                        else {
+                        const auto run = [&]<bool PRED>() {
+                            if (cs.swiglu && cs.norm) launch_tc1_form<G, true, true, PRED>(c, a);
+                            else if (cs.swiglu) launch_tc1_form<G, true, false, PRED>(c, a);
+                            else if (cs.norm) launch_tc1_form<G, false, true, PRED>(c, a);
+                            else launch_tc1_form<G, false, false, PRED>(c, a);
+                        };
+                        if (form == 0) run.template operator()<true>();
+                        else run.template operator()<false>();
+                        }
+                    });
+                    CK(cudaGetLastError());
+                }
+                CK(cudaStreamSynchronize(st));
+                size_t differ = 0, unwritten = 0, wrong = 0, outs = 0;
+                double worst = 0.0;
+                for (int m = 0; m < nout; ++m) {
+                    std::vector<float> yr(cs.n[m]), ym(cs.n[m]);
+                    CK(cudaMemcpy(yr.data(), y[0][m], sizeof(float) * cs.n[m], cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(ym.data(), y[1][m], sizeof(float) * cs.n[m], cudaMemcpyDeviceToHost));
+                    const HostWeights hw = cs.norm || cs.swiglu ? HostWeights{} : download(f, cs.n[m], k, w[m]);
+                    std::vector<double> wrow(k), brow(k);
+                    for (int n = 0; n < cs.n[m]; ++n) {
+                        ++outs;
+                        unwritten += std::isnan(yr[n]) || std::isnan(ym[n]) ? 1 : 0;
+                        differ += std::memcmp(&yr[n], &ym[n], sizeof(float)) != 0 ? 1 : 0;
+                        if (cs.norm || cs.swiglu) continue;
+                        dequant_row(f, hw, k, n, wrow, brow);
+                        double ref = 0.0, mag = 0.0;
+                        for (int i = 0; i < k; ++i) {
+                            ref += double(hx[i]) * wrow[i];
+                            mag += std::fabs(double(hx[i])) * brow[i];
+                        }
+                        const double tol = kMmaTolRel * mag + kMmaTolAbs, e = std::fabs(double(yr[n]) - ref);
+                        if (!(e <= tol)) ++wrong;
+                        worst = std::max(worst, e / tol);
+                    }
+                }
+                const bool ok = differ == 0 && unwritten == 0 && wrong == 0;
+                failures += ok ? 0 : 1;
+                ++checks;
+                std::printf("tc1 pred/zero %-9s %-18s %-24s k %5d: %zu outputs, %zu differ, %zu unwritten, %zu off float64 "
+                            "(worst %.2f of the bound) %s\n",
+                            name_of(f), cs.what, modes[mode], k, outs, differ, unwritten, wrong, worst, ok ? "ok" : "FAILED");
+                for (int m = 0; m < nmat; ++m) {
+                    free_weights(w[m]);
+                    for (int form = 0; form < kForms; ++form) cudaFree(y[form][m]);
+                }
+                cudaFree(x);
+                cudaFree(nw);
+            }
+        }
+    }
+    std::printf("tc1 pred/zero: %d of %d checks passed\n", checks - failures, checks);
+    return failures;
+}
+
 void fused_bench(cudaStream_t st, size_t l2_bytes, double copy) {
     const FusedCase cases[] = {
         {"1B qkv grouped + norm", 2048, {2048, 512, 512}, false, true, false},
@@ -1555,6 +1687,7 @@ int main(int argc, char** argv) try {
         cudaFree(residual);
     }
     failures += fused_checks(st);
+    failures += tc1_form_checks(st);
     failures += prefill_checks(st);
     if (bench) fused_bench(st, size_t(prop.l2CacheSize), copy);
     if (bench) prefill_bench(st);
