@@ -371,7 +371,7 @@ __global__ void __launch_bounds__(BW * kWarp, 16 / BW) quant_mma1_kernel(const _
             for (int wd = 0; wd < 4; ++wd) {
                 // This lane's B column is its word's group (transposed: word wd's; else lane t's).
                 const int col = col0 + (XPOSE ? wd : t) / WPG;
-                // PRED: one shared-memory wavefront per load (4 lanes, 128 contiguous bytes) instead of 4 / 2.
+                // PRED: 4 lanes load, their 16-byte reads 32 bytes apart within one 128-byte span.
                 uint4 b01 = make_uint4(0u, 0u, 0u, 0u);
                 uint2 b2 = make_uint2(0u, 0u);
                 if (!PRED || g == col) {
@@ -530,8 +530,8 @@ inline int qmma1_parts_override() {
 // bits: narrow2 the 16-bit scale loads (the default, wide2, loads a span's scales and biases 32 bits
 // at a time where the group size allows: g32, g64); xpose the lane transpose of the weight words
 // (sessions 7-11; 32-bit scale loads); xone the x staging one entry at a time everywhere (sessions
-// 7-12); zero every lane's x loads, the lanes of other columns from a zero block (sessions 7-23; see
-// PRED). docs/CUDA.md "Session 10", "Session 12", "Session 13" and "Session 24" have the measurements.
+// 7-12), each with PRED; zero every lane's x loads, the lanes of other columns from a zero block
+// (sessions 7-23; see PRED). docs/CUDA.md "Session 10", "Session 12", "Session 13" and "Session 24" have the measurements.
 enum class QMma1Variant { wide2, narrow2, xpose, xone, zero };
 inline QMma1Variant qmma1_variant() {
     static const QMma1Variant v = [] {
