@@ -114,7 +114,7 @@ inline PdlTrigger qmma1_trigger() {
 // PRED: only the 4 lanes whose B column holds x (the others' columns are zero) load it from shared
 // memory, the others hold zeros in registers; else every lane loads, the others from a 32-byte zero
 // block (sessions 7-23; SCR_CUDA_QUANT_TC1_VARIANT=zero). The same bits. H200, session 24 (docs/CUDA.md
-// "Session 24"): device ms per token 8B 2.037 -> 2.024, 1B 0.487 -> 0.481; lm_head 92.2 -> 89.3 us.
+// "Session 24"): device ms per token 8B 2.037 -> 2.024, 1B 0.486-0.488 -> 0.481; lm_head 92.2 -> 89.3 us.
 // BW: warps per block, 8 (two blocks per SM) or 16 (one block per SM: the block's 16 / W row tiles
 // share one staging of x, half the L2 reads and staging work per SM; qmma1_block_shape); a block
 // may run fewer (T x W of blockDim: the fill of qmma1_block_shape). Registers
@@ -540,6 +540,8 @@ inline QMma1Variant qmma1_variant() {
         if (e && std::strcmp(e, "xpose") == 0) return QMma1Variant::xpose;
         if (e && std::strcmp(e, "xone") == 0) return QMma1Variant::xone;
         if (e && std::strcmp(e, "zero") == 0) return QMma1Variant::zero;
+        if (e && *e && std::strcmp(e, "wide2") != 0)
+            std::fprintf(stderr, "scr: SCR_CUDA_QUANT_TC1_VARIANT=%s is not wide2, narrow2, xpose, xone or zero; using wide2\n", e);
         return QMma1Variant::wide2;
     }();
     return v;

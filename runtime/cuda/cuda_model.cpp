@@ -351,7 +351,12 @@ void CudaGeneratedModel::Impl::launch(CudaGeneratedModel& model, const StepBatch
     cuda_rt::StepCopyRanges ranges;
     if (by_kernel) {
         size_t total = 0;
+        bool fits = true;  // false: more ranges than the kernel takes (a later edit's), so the transfer
         auto add_range = [&](size_t off, size_t bytes) {
+            if (ranges.n == cuda_rt::StepCopyRanges::kMax) {
+                fits = false;
+                return;
+            }
             ranges.offset[ranges.n] = uint32_t(off);
             ranges.bytes[ranges.n++] = uint32_t(bytes);
             total += bytes;
@@ -364,7 +369,7 @@ void CudaGeneratedModel::Impl::launch(CudaGeneratedModel& model, const StepBatch
         add_range(m.off_logit_rows, size_t(logit_rows) * 4);
         if (l.sampled_rows > 0) add_range(m.off_params, size_t(R) * sizeof(kc::SampleParams));
         add_range(m.off_tables, size_t(S) * stride * 4);
-        by_kernel = total <= cuda_rt::kStepCopyKernelMaxBytes;
+        by_kernel = fits && total <= cuda_rt::kStepCopyKernelMaxBytes;
     }
     if (l.timed) SCR_CUDA(cudaEventRecord(m.t_copy[slot], m.stream));
     if (by_kernel) {

@@ -19,6 +19,8 @@
 //     quant_prefill.cuh) of every format and the fused cases a prefill meets, against the same
 //     float64 reference and bound, asserting that the cuBLASLt path ran;
 //   * fp8: the cvt.rn.f16x2.e4m3x2 conversion variant has the bits of the default one (bench runs);
+//   * the one-row MLX int4 kernel's two x-load forms (PRED and the zero block) give the same bits on
+//     random and extreme inputs (tc1_form_checks);
 //   * host self-test (also without a GPU): the unpacking bit tricks, a warp of the tensor-core
 //     kernel emulated on the host from its own per-lane functions against the float64 reference, and
 //     the split-K choice (qmma_split) against its rule;
@@ -1148,10 +1150,6 @@ int prefill_checks(cudaStream_t st) {
     return failures;
 }
 
-// One token row of the fused launches a Llama layer makes, as the model calls them (bench runs only):
-// grouped QKV and gate/up + SwiGLU, each with the folded RMSNorm, at the 1B and 8B shapes, through the
-// automatic path. Weights cold: copies past 4x the L2, cycled. GB/s counts the packed weights, scales
-// and biases of every matrix of the launch; % of the device copy bandwidth.
 // The one-row kernel's x loads in its two forms (quant_mma1_kernel's PRED, the default: only the 4
 // lanes of the B column that holds x load it; SCR_CUDA_QUANT_TC1_VARIANT=zero: every lane loads, the
 // others from a zero block) must give the same bits. Checked on random inputs and at the ends of the
@@ -1166,17 +1164,12 @@ void launch_tc1_form(const Ctx& c, const QuantFusedArgs& a) {
         die("the one-row kernel declined a form check");
 }
 int tc1_form_checks(cudaStream_t st) {
-    struct Case {
-        const char* what;
-        int k, n[3];
-        bool swiglu, norm;
-    };
-    const Case cases[] = {
-        {"single", 2048, {1040, 0, 0}, false, false},
-        {"single, K = 14336", 14336, {272, 0, 0}, false, false},
-        {"grouped + norm", 2048, {512, 128, 128}, false, true},
-        {"swiglu + norm", 4096, {1024, 1024, 0}, true, true},
-        {"swiglu", 2048, {528, 528, 0}, true, false},
+    const FusedCase cases[] = {
+        {"single", 2048, {1040, 0, 0}, false, false, false},
+        {"single, K = 14336", 14336, {272, 0, 0}, false, false, false},
+        {"grouped + norm", 2048, {512, 128, 128}, false, true, false},
+        {"swiglu + norm", 4096, {1024, 1024, 0}, true, true, false},
+        {"swiglu", 2048, {528, 528, 0}, true, false, false},
     };
     const char* modes[] = {"random", "wide range", "q 15, x +top", "q 15, x -top", "q 15, x +-top by parity"};
     int failures = 0, checks = 0;
@@ -1184,8 +1177,9 @@ int tc1_form_checks(cudaStream_t st) {
     c.stream = st;
     for (Fmt f : g_formats) {
         if (!is_int4(f)) continue;
-        for (const Case& cs : cases) {
-            const int k = cs.k, nmat = cs.swiglu ? 2 : cs.n[2] ? 3 : cs.n[1] ? 2 : 1, nout = cs.swiglu ? 1 : nmat;
+        for (const FusedCase& cs : cases) {
+            const int k = cs.k, nmat = fused_nmat(cs), nout = cs.swiglu ? 1 : nmat;
+            const bool float64 = !cs.norm && !cs.swiglu;  // the plain sums have a reference here
             for (int mode = 0; mode < 5; ++mode) {
                 std::mt19937 rng(77 + mode + k);
                 std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
@@ -1204,20 +1198,19 @@ int tc1_form_checks(cudaStream_t st) {
                 CK(cudaMalloc(&nw, sizeof(float) * k));
                 CK(cudaMemcpy(x, hx.data(), sizeof(float) * k, cudaMemcpyHostToDevice));
                 CK(cudaMemcpy(nw, hnw.data(), sizeof(float) * k, cudaMemcpyHostToDevice));
-                DevWeights w[3];
-                constexpr int kForms = 2;  // the default (PRED), the zero block
-                float* y[kForms][3] = {};
-                for (int m = 0; m < nmat; ++m) {
-                    w[m] = make_weights(f, cs.n[m], k, 300 + 17 * m + mode);
-                    if (mode >= 2) CK(cudaMemset(w[m].q, 0xff, sizes_of(f, cs.n[m], k).q));
-                    for (int form = 0; form < kForms; ++form) {
-                        CK(cudaMalloc(&y[form][m], sizeof(float) * cs.n[m]));
-                        CK(cudaMemset(y[form][m], 0xff, sizeof(float) * cs.n[m]));
-                    }
+                FusedMats mats = make_fused_mats(cs, f, 1, 300 + mode, 0);
+                for (int m = 0; m < nmat && mode >= 2; ++m) {  // every nibble 15
+                    CK(cudaMemset(mats.w[m].q, 0xff, sizes_of(f, cs.n[m], k).q));
+                    if (float64) mats.hw[m] = download(f, cs.n[m], k, mats.w[m]);
                 }
-                for (int form = 0; form < kForms; ++form) {
+                // Both forms into the same outputs, NaN first (an unwritten output fails): PRED, then zero.
+                std::vector<float> y[2][3];
+                for (int form = 0; form < 2; ++form) {
                     QuantFusedArgs a;
-                    for (int m = 0; m < nmat; ++m) a.mat[m] = QuantMat{w[m].q, w[m].scales, w[m].biases, nullptr, y[form][m], cs.n[m]};
+                    for (int m = 0; m < nmat; ++m) {
+                        CK(cudaMemset(mats.y[m], 0xff, sizeof(float) * cs.n[m]));
+                        a.mat[m] = QuantMat{mats.w[m].q, mats.w[m].scales, mats.w[m].biases, nullptr, mats.y[m], cs.n[m]};
+                    }
                     if (cs.swiglu) a.mat[1].y = a.mat[0].y;
                     a.nmat = nmat;
                     a.x = x;
@@ -1226,55 +1219,53 @@ int tc1_form_checks(cudaStream_t st) {
                     a.k = k;
                     a.rows = 1;
                     with_format(f, "tc1_form_checks", [&]<class G>() {
-                        if constexpr (!G::kAffine) die("tc1_form_checks: not an MLX int4 format");
-                        else {
-                        const auto run = [&]<bool PRED>() {
-                            if (cs.swiglu && cs.norm) launch_tc1_form<G, true, true, PRED>(c, a);
-                            else if (cs.swiglu) launch_tc1_form<G, true, false, PRED>(c, a);
-                            else if (cs.norm) launch_tc1_form<G, false, true, PRED>(c, a);
-                            else launch_tc1_form<G, false, false, PRED>(c, a);
-                        };
-                        if (form == 0) run.template operator()<true>();
-                        else run.template operator()<false>();
+                        if constexpr (!G::kAffine) {
+                            die("tc1_form_checks: not an MLX int4 format");
+                        } else {
+                            const auto run = [&]<bool PRED>() {
+                                if (cs.swiglu && cs.norm) launch_tc1_form<G, true, true, PRED>(c, a);
+                                else if (cs.swiglu) launch_tc1_form<G, true, false, PRED>(c, a);
+                                else if (cs.norm) launch_tc1_form<G, false, true, PRED>(c, a);
+                                else launch_tc1_form<G, false, false, PRED>(c, a);
+                            };
+                            if (form == 0) run.template operator()<true>();
+                            else run.template operator()<false>();
                         }
                     });
                     CK(cudaGetLastError());
+                    CK(cudaStreamSynchronize(st));
+                    for (int m = 0; m < nout; ++m) {
+                        y[form][m].resize(cs.n[m]);
+                        CK(cudaMemcpy(y[form][m].data(), mats.y[m], sizeof(float) * cs.n[m], cudaMemcpyDeviceToHost));
+                    }
                 }
-                CK(cudaStreamSynchronize(st));
                 size_t differ = 0, unwritten = 0, wrong = 0, outs = 0;
                 double worst = 0.0;
-                for (int m = 0; m < nout; ++m) {
-                    std::vector<float> yr(cs.n[m]), ym(cs.n[m]);
-                    CK(cudaMemcpy(yr.data(), y[0][m], sizeof(float) * cs.n[m], cudaMemcpyDeviceToHost));
-                    CK(cudaMemcpy(ym.data(), y[1][m], sizeof(float) * cs.n[m], cudaMemcpyDeviceToHost));
-                    const HostWeights hw = cs.norm || cs.swiglu ? HostWeights{} : download(f, cs.n[m], k, w[m]);
-                    std::vector<double> wrow(k), brow(k);
+                std::vector<double> wrow(k), brow(k);
+                for (int m = 0; m < nout; ++m)
                     for (int n = 0; n < cs.n[m]; ++n) {
+                        const float yp = y[0][m][n], yz = y[1][m][n];
                         ++outs;
-                        unwritten += std::isnan(yr[n]) || std::isnan(ym[n]) ? 1 : 0;
-                        differ += std::memcmp(&yr[n], &ym[n], sizeof(float)) != 0 ? 1 : 0;
-                        if (cs.norm || cs.swiglu) continue;
-                        dequant_row(f, hw, k, n, wrow, brow);
+                        unwritten += std::isnan(yp) || std::isnan(yz) ? 1 : 0;
+                        differ += std::memcmp(&yp, &yz, sizeof(float)) != 0 ? 1 : 0;
+                        if (!float64) continue;
+                        dequant_row(f, mats.hw[m], k, n, wrow, brow);
                         double ref = 0.0, mag = 0.0;
                         for (int i = 0; i < k; ++i) {
                             ref += double(hx[i]) * wrow[i];
                             mag += std::fabs(double(hx[i])) * brow[i];
                         }
-                        const double tol = kMmaTolRel * mag + kMmaTolAbs, e = std::fabs(double(yr[n]) - ref);
+                        const double tol = kMmaTolRel * mag + kMmaTolAbs, e = std::fabs(double(yp) - ref);
                         if (!(e <= tol)) ++wrong;
                         worst = std::max(worst, e / tol);
                     }
-                }
                 const bool ok = differ == 0 && unwritten == 0 && wrong == 0;
                 failures += ok ? 0 : 1;
                 ++checks;
                 std::printf("tc1 pred/zero %-9s %-18s %-24s k %5d: %zu outputs, %zu differ, %zu unwritten, %zu off float64 "
                             "(worst %.2f of the bound) %s\n",
                             name_of(f), cs.what, modes[mode], k, outs, differ, unwritten, wrong, worst, ok ? "ok" : "FAILED");
-                for (int m = 0; m < nmat; ++m) {
-                    free_weights(w[m]);
-                    for (int form = 0; form < kForms; ++form) cudaFree(y[form][m]);
-                }
+                free_fused_mats(mats);
                 cudaFree(x);
                 cudaFree(nw);
             }
@@ -1284,6 +1275,10 @@ int tc1_form_checks(cudaStream_t st) {
     return failures;
 }
 
+// One token row of the fused launches a Llama layer makes, as the model calls them (bench runs only):
+// grouped QKV and gate/up + SwiGLU, each with the folded RMSNorm, at the 1B and 8B shapes, through the
+// automatic path. Weights cold: copies past 4x the L2, cycled. GB/s counts the packed weights, scales
+// and biases of every matrix of the launch; % of the device copy bandwidth.
 void fused_bench(cudaStream_t st, size_t l2_bytes, double copy) {
     const FusedCase cases[] = {
         {"1B qkv grouped + norm", 2048, {2048, 512, 512}, false, true, false},
