@@ -22,6 +22,7 @@
 #include "cli/command.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/cuda/cuda_model.hpp"
+#include "runtime/cuda/startup.hpp"
 #include "runtime/model/loader.hpp"
 #include "runtime/model/sequence_runner.hpp"
 
@@ -347,6 +348,15 @@ int run_cuda_bench(const CudaBenchArgs& a) {
                    "forward {:.0f} ms\n",
                    main_ms, load_ms - main_ms - upload_s * 1e3, st.prefaulted_bytes / 1e9, st.device_wait_seconds * 1e3, upload_s * 1e3,
                    first_token_ms - load_ms);
+        {
+            // Where the background opening's time went (runtime/cuda/startup.hpp), from process start.
+            const auto ot = cuda_startup::open_times();
+            auto at = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(t - kProcessStart).count(); };
+            if (ot.started != Clock::time_point{})
+                fmt::print("  device opening: started at {:.0f} ms, context ready at {:.0f} ms, staging buffers pinned at {:.0f} ms; "
+                           "the model's allocations after the upload {:.0f} ms\n",
+                           at(ot.started), at(ot.context_ready), at(ot.ended), st.after_upload_seconds * 1e3);
+        }
         fmt::print("batch-1 decode after {} prompt tokens: {:.3f} ms/token = {:.0f} tok/s; floor {:.3f} ms ({:.0f} tok/s) -> {:.1f} % of "
                    "floor\n",
                    prompt, warm, 1e3 / warm, floor_ms, 1e3 / floor_ms, 100.0 * floor_ms / warm);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <string_view>
+#include <utility>
 
 #include "runtime/core/error.hpp"
 #include "runtime/core/thread_pool.hpp"
@@ -45,12 +46,14 @@ struct CudaGeneratedModel::Impl {
     void* moe_ws = nullptr;
     void* sync = nullptr;  // dev_sync()
     float* logits_dev = nullptr;
-    float* logits_host = nullptr;  // pinned
+    float* logits_host = nullptr;  // pinned, grown on demand (ensure_logits_host)
+    int logits_host_rows = 0;
 
     // Step arrays: pinned host buffers and their device twin, fixed layout (block tables last, so
     // a step copies one prefix of it). Two host buffers, one per launch slot (below): a step is
     // packed while the previous one's copy may still be queued.
     std::byte* meta_host[2] = {nullptr, nullptr};
+    size_t meta_host_bytes[2] = {0, 0};  // each holds at least the sections before the tables; grown on demand
     std::byte* meta_dev = nullptr;
     size_t off_header = 0, off_ids = 0, off_pos = 0, off_slots = 0, off_seq = 0, off_logit_rows = 0, off_params = 0,
            off_tables = 0;
@@ -123,6 +126,8 @@ struct CudaGeneratedModel::Impl {
     int32_t* sampled_mapped[2] = {nullptr, nullptr};  // their device addresses
 
     void ensure_sampling_buffers(int rows_cap);
+    void ensure_logits_host(const ModelInfo& mi, int rows);
+    void ensure_meta_host(int slot, size_t bytes);
     // Packs, copies and launches one step into slot launched % 2; returns nothing until waited.
     void launch(CudaGeneratedModel& model, const StepBatch& b, KvPool& kv, std::span<const DeviceSamplingRow> sampling,
                 bool feed_previous, bool want_logits);
@@ -157,6 +162,14 @@ CudaGeneratedModel::CudaGeneratedModel(const ModelInfo& info, const WeightSet& w
     SCR_CUDA(cudaMemcpy(m.table, dev_weights_.data(), dev_weights_.size() * sizeof(void*), cudaMemcpyHostToDevice));
     dev_weight_table_ = static_cast<const void* const*>(m.table);
     m.stats.upload_seconds = uploaded.seconds;
+    const auto t_uploaded = std::chrono::steady_clock::now();
+    // The upload's pinned staging buffers become the two step buffers and the first host logits
+    // below: pinning those anew (two 67 MB step buffers sized for every block table the compiled
+    // bounds allow, 131 MB of logits) took 50-75 ms before the first token on the H200's host
+    // (docs/CUDA.md, "Session 25"). Whatever is not kept is freed.
+    std::byte* spare[cuda_startup::kStagingBuffers] = {};
+    for (int k = 0; k < cuda_startup::kStagingBuffers; ++k) spare[k] = static_cast<std::byte*>(uploaded.staging[k]);
+    auto take_spare = [&](int k) { return std::exchange(spare[k], nullptr); };
     m.stats.upload_bytes = int64_t(uploaded.bytes);
 
     // ---- Scratch, MoE workspace, logits.
@@ -171,7 +184,14 @@ CudaGeneratedModel::CudaGeneratedModel(const ModelInfo& info, const WeightSet& w
     dev_sync_ = static_cast<unsigned*>(m.sync);
     const size_t logit_bytes = size_t(info.max_logit_rows) * size_t(info.vocab_size) * 4;
     SCR_CUDA(cudaMalloc(reinterpret_cast<void**>(&m.logits_dev), logit_bytes));
-    SCR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&m.logits_host), logit_bytes));
+    // Host logits: a staging buffer's rows at first (65 of a 128k vocabulary), grown when a step
+    // returns more (ensure_logits_host); the engine's steps mostly draw their tokens on the GPU.
+    if (const int rows = int(std::min<size_t>(size_t(std::max(1, info.max_logit_rows)),
+                                              cuda_startup::kStagingBytes / (size_t(info.vocab_size) * 4)));
+        rows > 0 && spare[2]) {
+        m.logits_host = reinterpret_cast<float*>(take_spare(2));
+        m.logits_host_rows = rows;
+    }
     dev_logits_ = m.logits_dev;
 
     // ---- Step arrays and graph buckets.
@@ -194,9 +214,19 @@ CudaGeneratedModel::CudaGeneratedModel(const ModelInfo& info, const WeightSet& w
     m.off_tables = section(size_t(m.table_cap) * 4);
     m.meta_bytes = at;
     for (int i = 0; i < 2; ++i) {
-        SCR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&m.meta_host[i]), m.meta_bytes));
+        // A staging buffer holds the tables of ~8M blocks beyond the fixed sections; a step needing
+        // more grows its buffer (ensure_meta_host), up to the compiled bound meta_bytes.
+        if (spare[i] && m.off_tables <= cuda_startup::kStagingBytes) {
+            m.meta_host[i] = take_spare(i);
+            m.meta_host_bytes[i] = std::min(m.meta_bytes, cuda_startup::kStagingBytes);
+        } else {
+            SCR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&m.meta_host[i]), m.meta_bytes));
+            m.meta_host_bytes[i] = m.meta_bytes;
+        }
         SCR_CUDA(cudaEventCreateWithFlags(&m.ready[i], cudaEventDisableTiming));
     }
+    for (std::byte*& p : spare)
+        if (p) cudaFreeHost(std::exchange(p, nullptr));
     SCR_CUDA(cudaMalloc(reinterpret_cast<void**>(&m.meta_dev), m.meta_bytes));
     // Zeros: token ids a fed step does not copy (graph padding rows) must be valid ids from the start.
     SCR_CUDA(cudaMemset(m.meta_dev, 0, m.meta_bytes));
@@ -211,6 +241,7 @@ CudaGeneratedModel::CudaGeneratedModel(const ModelInfo& info, const WeightSet& w
     const int max_decode = std::min(info.max_batch_tokens, info.max_logit_rows);
     for (int b = 1; b < max_decode; b *= 2) m.buckets.push_back(b);
     m.buckets.push_back(max_decode);
+    m.stats.after_upload_seconds = seconds_since(t_uploaded);
 }
 
 CudaGeneratedModel::~CudaGeneratedModel() {
@@ -295,6 +326,7 @@ void CudaGeneratedModel::Impl::launch(CudaGeneratedModel& model, const StepBatch
     int stride = 1;
     for (int s = 0; s < S; ++s) stride = std::max(stride, (b.seq_lens[s] + mi.block_size - 1) / mi.block_size);
     if (int64_t(S) * stride > m.table_cap) fail("step: block tables of {} x {} exceed the compiled bound", S, stride);
+    m.ensure_meta_host(slot, m.off_tables + size_t(S) * size_t(stride) * 4);
     auto* h = m.meta_host[slot];
     auto* header = reinterpret_cast<int32_t*>(h + m.off_header);
     header[kc::kHeaderTokens] = T;
@@ -428,6 +460,7 @@ void CudaGeneratedModel::Impl::launch(CudaGeneratedModel& model, const StepBatch
     // Logits come back through one pinned buffer: forward() waits for its step at once, so no two
     // pending steps share it.
     l.logit_rows = want_logits ? R : 0;
+    if (l.logit_rows > 0) ensure_logits_host(mi, l.logit_rows);
     if (l.logit_rows > 0)
         SCR_CUDA(cudaMemcpyAsync(m.logits_host, m.logits_dev, size_t(R) * size_t(mi.vocab_size) * 4, cudaMemcpyDeviceToHost,
                                  m.stream));
@@ -458,6 +491,35 @@ void CudaGeneratedModel::Impl::wait(const ModelInfo& mi, float* logits, int32_t*
         m.stats.sample_seconds += sample * 1e-3;
         ++m.stats.timed_steps;
     }
+}
+
+void CudaGeneratedModel::Impl::ensure_meta_host(int slot, size_t bytes) {
+    if (bytes <= meta_host_bytes[slot]) return;
+    // This slot's previous step has been waited for (launch allows one pending step, in the other
+    // slot), so its copy has ended and nothing reads this buffer.
+    const size_t grown = std::min(meta_bytes, std::max(bytes, 2 * meta_host_bytes[slot]));
+    std::byte* p = nullptr;
+    SCR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&p), grown));
+    cudaFreeHost(meta_host[slot]);
+    meta_host[slot] = p;
+    meta_host_bytes[slot] = grown;
+}
+
+void CudaGeneratedModel::Impl::ensure_logits_host(const ModelInfo& mi, int rows) {
+    if (rows <= logits_host_rows) return;
+    // Only one step with logits is ever pending (forward() waits for it at once), so the buffer is
+    // free here unless that rule was broken.
+    for (int64_t i = waited; i < launched; ++i)
+        if (launches[i % 2].logit_rows > 0) throw std::logic_error("CUDA model: two pending steps return logits");
+    int grown = 1;
+    while (grown < rows) grown *= 2;
+    grown = std::min(grown, std::max(rows, mi.max_logit_rows));
+    SCR_CUDA(cudaStreamSynchronize(stream));
+    cudaFreeHost(logits_host);
+    logits_host = nullptr;
+    logits_host_rows = 0;
+    SCR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&logits_host), size_t(grown) * size_t(mi.vocab_size) * 4));
+    logits_host_rows = grown;
 }
 
 void CudaGeneratedModel::Impl::ensure_sampling_buffers(int rows_cap) {

@@ -45,6 +45,7 @@ public:
 
     struct Stats {
         double upload_seconds = 0;   // weights to the GPU, in the constructor
+        double after_upload_seconds = 0;  // the constructor's allocations after the upload
         double device_wait_seconds = 0;  // the constructor waiting for the background device opening (runtime/cuda/startup.hpp)
         int64_t prefaulted_bytes = 0;    // weight bytes faulted in while the device was opening
         int64_t upload_bytes = 0;

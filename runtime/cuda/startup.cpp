@@ -11,6 +11,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "runtime/core/error.hpp"
 #include "runtime/core/thread_pool.hpp"
@@ -33,10 +34,21 @@ void check(cudaError_t e, const char* what) {
 // ---- Opening the device in the background.
 // cudaFree(nullptr) creates the primary context, which every later runtime call on any thread uses.
 // Its result is not kept: the model's own first calls report a missing or broken device by name.
+// Right after it, the same thread pins the upload's staging buffers one by one, and the upload
+// takes each as soon as it is there: pinning costs ~0.5 ms per MiB on the H200's host (~50 ms for
+// three 32 MiB buffers), and the host has usually finished loading before the context is open, so
+// that time sat on the path to the first token (docs/CUDA.md, "Session 25").
+constexpr int kStages = kStagingBuffers;
+constexpr size_t kStage = kStagingBytes;
+
 struct Opener {
-    std::mutex mutex;
+    std::mutex mutex;  // start / finish
     std::thread thread;
     std::atomic<bool> running{false};
+    std::atomic<bool> context_ready{false};
+    std::atomic<void*> staging[kStages] = {};  // pinned by the opening, taken by upload_weights
+    std::atomic<int> progress{0};  // bumped (and notified) at each of the above, and at the end
+    OpenTimes times;               // read after the thread is joined
 };
 
 Opener& opener() {
@@ -44,14 +56,46 @@ Opener& opener() {
     return o;
 }
 
+void bump(Opener& o) {
+    o.progress.fetch_add(1);
+    o.progress.notify_all();
+}
+
+// Blocks until done() holds or the opening thread has ended.
+template <class Done>
+void wait_opening(Opener& o, Done&& done) {
+    for (;;) {
+        const int seen = o.progress.load();
+        if (done() || !o.running.load()) return;
+        o.progress.wait(seen);
+    }
+}
+
 void start_open() {
     Opener& o = opener();
     std::lock_guard lock(o.mutex);
     if (o.thread.joinable()) return;  // one opening at a time
     o.running = true;
+    o.context_ready = false;
+    o.times.started = std::chrono::steady_clock::now();
     o.thread = std::thread([&o] {
-        cudaFree(nullptr);
+        const bool opened = cudaFree(nullptr) == cudaSuccess;
+        o.times.context_ready = std::chrono::steady_clock::now();
+        o.context_ready = opened;
+        bump(o);
+        for (int k = 0; opened && k < kStages; ++k) {
+            if (o.staging[k].load()) continue;  // still there from an earlier opening
+            void* p = nullptr;
+            if (cudaMallocHost(&p, kStage) != cudaSuccess) {
+                cudaGetLastError();  // upload_weights allocates (and reports) it itself
+                break;
+            }
+            o.staging[k] = p;
+            bump(o);
+        }
+        o.times.ended = std::chrono::steady_clock::now();
         o.running = false;
+        bump(o);
     });
 }
 
@@ -59,6 +103,13 @@ void finish_open() {
     Opener& o = opener();
     std::lock_guard lock(o.mutex);
     if (o.thread.joinable()) o.thread.join();
+}
+
+// Staging buffer k once the opening has pinned it, or null if it will not; the caller owns it.
+void* take_staging(int k) {
+    Opener& o = opener();
+    wait_opening(o, [&] { return o.staging[k].load() != nullptr; });
+    return o.staging[k].exchange(nullptr);
 }
 
 [[maybe_unused]] const bool registered = register_device_opener("cuda", DeviceOpener{&start_open, &finish_open});
@@ -103,9 +154,20 @@ void for_each_part(const std::vector<Piece>& pieces, size_t begin, size_t end, F
 
 }  // namespace
 
-void wait_device_open() { finish_open(); }
+void wait_device_open() {
+    Opener& o = opener();
+    wait_opening(o, [&] { return o.context_ready.load(); });
+}
 
-bool device_opening() { return opener().running.load(); }
+OpenTimes open_times() {
+    finish_open();
+    return opener().times;
+}
+
+bool device_opening() {
+    const Opener& o = opener();
+    return o.running.load() && !o.context_ready.load();
+}
 
 size_t prefault_while_opening(const ModelInfo& info, const WeightSet& weights, ThreadPool& pool) {
     // Off unless SCR_CUDA_PREFAULT=1: measured on the H200 right after `scr make-random` wrote the
@@ -157,18 +219,17 @@ DeviceWeights upload_weights(const ModelInfo& info, const WeightSet& weights, Th
     // window (across tensor boundaries, so 18,867 small expert tensors copy as fast as one big one)
     // while up to kStages - 1 earlier windows are on the copy engine. Alignment gaps go up as
     // whatever the buffer held (they are padding nobody reads).
-    constexpr int kStages = 3;
-    constexpr size_t kStage = size_t(32) << 20;
     void* stage[kStages] = {};
     cudaEvent_t free_again[kStages] = {};
     try {
-        for (int k = 0; k < kStages; ++k) {
-            SCR_CUDA(cudaMallocHost(&stage[k], kStage));
-            SCR_CUDA(cudaEventCreateWithFlags(&free_again[k], cudaEventDisableTiming));
-        }
         int k = 0;
         for (size_t win = 0; win < out.bytes; win += kStage, k = (k + 1) % kStages) {
             const size_t len = std::min(kStage, out.bytes - win);
+            if (!stage[k]) {  // first use: the opening's buffer, as soon as it is pinned
+                stage[k] = take_staging(k);
+                if (!stage[k]) SCR_CUDA(cudaMallocHost(&stage[k], kStage));
+                SCR_CUDA(cudaEventCreateWithFlags(&free_again[k], cudaEventDisableTiming));
+            }
             SCR_CUDA(cudaEventSynchronize(free_again[k]));  // this buffer's previous copy has ended
             std::byte* buf = static_cast<std::byte*>(stage[k]);
             pool.parallel_for(int64_t(len), [&](int64_t b, int64_t e, int) {
@@ -179,18 +240,21 @@ DeviceWeights upload_weights(const ModelInfo& info, const WeightSet& weights, Th
             SCR_CUDA(cudaEventRecord(free_again[k], stream));
         }
         SCR_CUDA(cudaStreamSynchronize(stream));
+        // Buffers the windows did not need (a small model): whatever the opening pinned.
+        for (int j = 0; j < kStages; ++j)
+            if (!stage[j]) stage[j] = take_staging(j);
     } catch (...) {
         cudaStreamSynchronize(stream);
-        for (int k = 0; k < kStages; ++k) {
-            if (stage[k]) cudaFreeHost(stage[k]);
-            if (free_again[k]) cudaEventDestroy(free_again[k]);
+        for (int j = 0; j < kStages; ++j) {
+            if (stage[j]) cudaFreeHost(stage[j]);
+            if (free_again[j]) cudaEventDestroy(free_again[j]);
         }
         cudaFree(out.base);
         throw;
     }
-    for (int k = 0; k < kStages; ++k) {
-        cudaFreeHost(stage[k]);
-        cudaEventDestroy(free_again[k]);
+    for (int j = 0; j < kStages; ++j) {
+        if (free_again[j]) cudaEventDestroy(free_again[j]);
+        out.staging[j] = stage[j];  // the caller keeps them as its own pinned buffers, or frees them
     }
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return out;
