@@ -55,7 +55,7 @@ if [ -f compiler/targets/cuda_emitter.cpp ] && command -v nvcc >/dev/null 2>&1; 
   cmake -S . -B build-cuda-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DSCR_TARGET=cuda -DSCR_NATIVE=OFF \
     -DSCR_MODELS="tiny-llama;tiny-qwen3-moe;tiny-qwen3-moe-h64" -DSCR_QUANT="bf16" -DSCR_TESTS=ON
   cmake --build build-cuda-ci -j"$jobs" --target scr scr_cuda_tests scr_cuda_linear scr_cuda_moe scr_cuda_attention \
-    scr_cuda_sample scr_cuda_quant_gemv
+    scr_cuda_sample scr_cuda_quant_gemv scr_cuda_upload_probe scr_cuda_queued_graph_probe
   # The quantized kernels (MLX int4, int8, fp8 per channel and per tensor) too: the same build
   # folder reconfigured, so only the generated models and the link are redone. MoE takes no
   # quantized preset, hence tiny-llama alone.
