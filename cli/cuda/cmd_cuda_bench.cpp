@@ -13,6 +13,8 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 #include <chrono>
 #include <numeric>
 #include <random>
@@ -111,6 +113,15 @@ struct BatchRun {
         logits.resize(size_t(std::max(B, 1)) * size_t(info.vocab_size));
     }
     int per() const { return (capacity + info.block_size - 1) / info.block_size; }
+    // Every timed phase decodes the same positions: rewind() goes back to where mark() was called
+    // (after the prompts), and the next steps overwrite the same KV slots. Before session 25 each
+    // phase ran 32+ positions later than the one before, and the later of two modes measured ~2 %
+    // slower at short contexts whichever it was (docs/CUDA.md, "Session 25").
+    std::vector<int32_t> marked;
+    void mark() { marked = lens; }
+    void rewind() {
+        if (!marked.empty()) lens = marked;
+    }
     int64_t slot(int s, int pos) const {
         return int64_t(tables[size_t(s) * per() + pos / info.block_size]) * info.block_size + pos % info.block_size;
     }
@@ -256,15 +267,21 @@ int run_cuda_bench(const CudaBenchArgs& a) {
         std::vector<double> batch_sampled_tps;  // the same steps sampling greedily on the GPU (0: not supported)
         std::vector<double> batch_ahead_tps;    // and launched ahead, each step fed the previous one's tokens on the device
         std::vector<std::string> step_parts;    // a sampled step's wall time by part
+        const bool ahead_first = [] {
+            const char* e = std::getenv("SCR_BENCH_AHEAD_FIRST");
+            return e && std::string_view(e) == "1";
+        }();
         for (int B : batches) {
             if (B > info.max_logit_rows || B > info.max_batch_tokens) continue;
             BatchRun br(*lm.model, B, prompt + 5 * batch_steps + 16);  // five timed runs of batch_steps + warm-ups
             std::vector<int32_t> p(ids.begin(), ids.begin() + std::min<int>(prompt, info.max_batch_tokens));
             for (int s = 0; s < B; ++s) br.prefill(s, p);
+            br.mark();
             std::vector<int32_t> next(static_cast<size_t>(B));
             for (auto& t : next) t = tok(rng);
             br.decode(next);  // graph capture for this bucket happens here
             cm->set_timing(true);
+            br.rewind();
             const auto before = cm->stats();
             auto t0 = Clock::now();
             for (int i = 0; i < batch_steps; ++i) br.decode(next);
@@ -272,33 +289,45 @@ int run_cuda_bench(const CudaBenchArgs& a) {
             const double gpu_ms = (cm->stats().device_seconds - before.device_seconds) * 1e3 / batch_steps;
             batch_gpu_tps.push_back(double(B) / (gpu_ms * 1e-3));
             cm->set_timing(false);
-            // The same steps with the next tokens sampled on the GPU (what the engine runs).
-            double sampled_tps = 0;
-            if (lm.model->can_sample_on_device()) {
+            // The same steps with the next tokens sampled on the GPU (what the engine runs), and with
+            // run-ahead (the engine's default; SCR_CUDA_RUN_AHEAD=0 turns it off there): the next step
+            // enqueued before this one's tokens are back. SCR_BENCH_AHEAD_FIRST=1 measures run-ahead
+            // first, so that an order effect (the GPU warming over a run) can be told from the mode.
+            double sampled_tps = 0, ahead_tps = 0;
+            auto measure_sampled = [&] {
+                if (!lm.model->can_sample_on_device()) return;
                 std::vector<int32_t> out(static_cast<size_t>(B));
                 br.decode(next, out.data());
+                br.rewind();
                 auto t1 = Clock::now();
                 for (int i = 0; i < batch_steps; ++i) br.decode(next, out.data());
                 sampled_tps = double(B) * batch_steps / (ms_since(t1) * 1e-3);
-            }
-            batch_sampled_tps.push_back(sampled_tps);
-            // And with run-ahead (the engine's default; SCR_CUDA_RUN_AHEAD=0 turns it off there): the
-            // next step is enqueued before this one's tokens are back.
-            double ahead_tps = 0;
-            cm->set_run_ahead(true);
-            if (lm.model->can_run_ahead()) {
+            };
+            auto measure_ahead = [&] {
+                cm->set_run_ahead(true);
+                if (!lm.model->can_run_ahead()) return;
                 std::vector<int32_t> out(static_cast<size_t>(B));
                 br.decode_ahead(next, 2, out.data());
+                br.rewind();
                 auto t1 = Clock::now();
                 br.decode_ahead(next, batch_steps, out.data());
                 ahead_tps = double(B) * batch_steps / (ms_since(t1) * 1e-3);
+            };
+            if (ahead_first) {
+                measure_ahead();
+                measure_sampled();
+            } else {
+                measure_sampled();
+                measure_ahead();
             }
+            batch_sampled_tps.push_back(sampled_tps);
             batch_ahead_tps.push_back(ahead_tps);
             // Where a sampled step's wall time goes (timed separately: the events cost time too).
             if (lm.model->can_sample_on_device()) {
                 std::vector<int32_t> out(static_cast<size_t>(B));
-                for (bool ahead : {false, true}) {
+                for (bool ahead : {ahead_first, !ahead_first}) {
                     if (ahead && !lm.model->can_run_ahead()) continue;
+                    br.rewind();
                     cm->set_timing(true);
                     const auto s0 = cm->stats();
                     auto t1 = Clock::now();
