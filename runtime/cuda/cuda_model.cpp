@@ -223,6 +223,13 @@ CudaGeneratedModel::CudaGeneratedModel(const ModelInfo& info, const WeightSet& w
             SCR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&m.meta_host[i]), m.meta_bytes));
             m.meta_host_bytes[i] = m.meta_bytes;
         }
+        // SCR_CUDA_STEP_BUFFER_BYTES=n (tests): treat the buffers as n bytes long, so the first
+        // steps take the growth path that no real step reaches below 32 MiB of block tables.
+        static const size_t test_bytes = [] {
+            const char* e = std::getenv("SCR_CUDA_STEP_BUFFER_BYTES");
+            return e ? size_t(std::strtoull(e, nullptr, 10)) : size_t(0);
+        }();
+        if (test_bytes > 0) m.meta_host_bytes[i] = std::min(m.meta_host_bytes[i], test_bytes);
         SCR_CUDA(cudaEventCreateWithFlags(&m.ready[i], cudaEventDisableTiming));
     }
     for (std::byte*& p : spare)
