@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string_view>
 #include <utility>
 
@@ -167,9 +168,12 @@ CudaGeneratedModel::CudaGeneratedModel(const ModelInfo& info, const WeightSet& w
     // below: pinning those anew (two 67 MB step buffers sized for every block table the compiled
     // bounds allow, 131 MB of logits) took 50-75 ms before the first token on the H200's host
     // (docs/CUDA.md, "Session 25"). Whatever is not kept is freed.
-    std::byte* spare[cuda_startup::kStagingBuffers] = {};
-    for (int k = 0; k < cuda_startup::kStagingBuffers; ++k) spare[k] = static_cast<std::byte*>(uploaded.staging[k]);
-    auto take_spare = [&](int k) { return std::exchange(spare[k], nullptr); };
+    struct FreePinned {
+        void operator()(std::byte* p) const { cudaFreeHost(p); }
+    };
+    std::unique_ptr<std::byte, FreePinned> spare[cuda_startup::kStagingBuffers];  // freed unless kept, also on a throw
+    for (int k = 0; k < cuda_startup::kStagingBuffers; ++k) spare[k].reset(static_cast<std::byte*>(uploaded.staging[k]));
+    auto take_spare = [&](int k) { return spare[k].release(); };
     m.stats.upload_bytes = int64_t(uploaded.bytes);
 
     // ---- Scratch, MoE workspace, logits.
@@ -223,6 +227,10 @@ CudaGeneratedModel::CudaGeneratedModel(const ModelInfo& info, const WeightSet& w
             SCR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&m.meta_host[i]), m.meta_bytes));
             m.meta_host_bytes[i] = m.meta_bytes;
         }
+        // Zeros in the sections before the tables: an eager step copies all rows_cap token ids but
+        // packs only its own, and a fed graph step's padding rows then read the rest on the device,
+        // so they must be valid ids (0). A staging buffer still holds weight bytes.
+        std::memset(m.meta_host[i], 0, std::min(m.off_tables, m.meta_host_bytes[i]));
         // SCR_CUDA_STEP_BUFFER_BYTES=n (tests): treat the buffers as n bytes long, so the first
         // steps take the growth path that no real step reaches below 32 MiB of block tables.
         static const size_t test_bytes = [] {
@@ -232,8 +240,7 @@ CudaGeneratedModel::CudaGeneratedModel(const ModelInfo& info, const WeightSet& w
         if (test_bytes > 0) m.meta_host_bytes[i] = std::min(m.meta_host_bytes[i], test_bytes);
         SCR_CUDA(cudaEventCreateWithFlags(&m.ready[i], cudaEventDisableTiming));
     }
-    for (std::byte*& p : spare)
-        if (p) cudaFreeHost(std::exchange(p, nullptr));
+    for (auto& p : spare) p.reset();
     SCR_CUDA(cudaMalloc(reinterpret_cast<void**>(&m.meta_dev), m.meta_bytes));
     // Zeros: token ids a fed step does not copy (graph padding rows) must be valid ids from the start.
     SCR_CUDA(cudaMemset(m.meta_dev, 0, m.meta_bytes));
@@ -292,6 +299,7 @@ void CudaGeneratedModel::Impl::launch(CudaGeneratedModel& model, const StepBatch
     const ModelInfo& mi = model.info();
     if (launched - waited >= 2) throw std::logic_error("CUDA model: a third step launched before the first was waited for");
     model.begin_step(b, kv);  // bounds and consistency, on the host, before anything reaches the GPU
+    if (want_logits && b.num_logits > 0) m.ensure_logits_host(mi, b.num_logits);  // before anything is queued
     const int T = b.num_tokens, S = b.num_seqs, R = b.num_logits;
     if (feed_previous) {
         // A fed step's ids are the latest launch's draws (the sampler leaves them in the id rows).
@@ -467,7 +475,6 @@ void CudaGeneratedModel::Impl::launch(CudaGeneratedModel& model, const StepBatch
     // Logits come back through one pinned buffer: forward() waits for its step at once, so no two
     // pending steps share it.
     l.logit_rows = want_logits ? R : 0;
-    if (l.logit_rows > 0) ensure_logits_host(mi, l.logit_rows);
     if (l.logit_rows > 0)
         SCR_CUDA(cudaMemcpyAsync(m.logits_host, m.logits_dev, size_t(R) * size_t(mi.vocab_size) * 4, cudaMemcpyDeviceToHost,
                                  m.stream));
@@ -507,6 +514,7 @@ void CudaGeneratedModel::Impl::ensure_meta_host(int slot, size_t bytes) {
     const size_t grown = std::min(meta_bytes, std::max(bytes, 2 * meta_host_bytes[slot]));
     std::byte* p = nullptr;
     SCR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&p), grown));
+    std::memset(p, 0, std::min(off_tables, grown));  // valid token ids in rows no step packs (see the constructor)
     cudaFreeHost(meta_host[slot]);
     meta_host[slot] = p;
     meta_host_bytes[slot] = grown;
@@ -514,14 +522,13 @@ void CudaGeneratedModel::Impl::ensure_meta_host(int slot, size_t bytes) {
 
 void CudaGeneratedModel::Impl::ensure_logits_host(const ModelInfo& mi, int rows) {
     if (rows <= logits_host_rows) return;
-    // Only one step with logits is ever pending (forward() waits for it at once), so the buffer is
-    // free here unless that rule was broken.
+    // Called before the step queues anything. Only one step with logits is ever pending (forward()
+    // waits for it at once), so no queued copy writes this buffer unless that rule was broken.
     for (int64_t i = waited; i < launched; ++i)
         if (launches[i % 2].logit_rows > 0) throw std::logic_error("CUDA model: two pending steps return logits");
     int grown = 1;
     while (grown < rows) grown *= 2;
     grown = std::min(grown, std::max(rows, mi.max_logit_rows));
-    SCR_CUDA(cudaStreamSynchronize(stream));
     cudaFreeHost(logits_host);
     logits_host = nullptr;
     logits_host_rows = 0;

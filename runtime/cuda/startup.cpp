@@ -78,7 +78,7 @@ void start_open() {
     o.running = true;
     o.context_ready = false;
     o.times.started = std::chrono::steady_clock::now();
-    o.thread = std::thread([&o] {
+    auto open = [&o] {
         const bool opened = cudaFree(nullptr) == cudaSuccess;
         o.times.context_ready = std::chrono::steady_clock::now();
         o.context_ready = opened;
@@ -96,7 +96,13 @@ void start_open() {
         o.times.ended = std::chrono::steady_clock::now();
         o.running = false;
         bump(o);
-    });
+    };
+    try {
+        o.thread = std::thread(open);
+    } catch (...) {
+        o.running = false;  // nobody would ever end the wait for it
+        throw;
+    }
 }
 
 void finish_open() {
