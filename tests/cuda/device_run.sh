@@ -45,6 +45,9 @@ step gtest 120 $C/scr_cuda_tests
 [ -x $C/scr_cuda_attention ] && step attention 200 $C/scr_cuda_attention --no-bench
 [ -x $C/scr_cuda_moe ] && step moe 240 $C/scr_cuda_moe --no-bench
 [ "${2:-}" != quick ] && step compare_transformers_1b 100 python3 tests/cuda/compare_transformers.py $SCR /tmp/l1b
+# The engine's run-ahead and batching paths under memcheck: a prefill beside running decodes, then
+# fed graph steps whose padding rows read token ids no step packed (docs/CUDA.md, "Session 25").
+step memcheck_engine 300 compute-sanitizer --tool memcheck --error-exitcode 9 $C/scr_cuda_tests --gtest_filter='CudaRunAhead.*:CudaEngine.*:CudaBatch.*:CudaSampling.*'
 step memcheck_moe 60 compute-sanitizer --tool memcheck --error-exitcode 9 $SCR complete $F/Qwen3MoeForCausalLM --quant bf16 --ids $IDS --max-tokens 4
 step memcheck_llama 60 compute-sanitizer --tool memcheck --error-exitcode 9 $SCR complete $F/long/LlamaForCausalLM --ids $IDS --max-tokens 4
 # 40 prompt tokens: the prefill goes through cuBLASLt (33+ rows), the decode through the GEMV.
