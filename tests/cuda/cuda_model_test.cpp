@@ -533,6 +533,76 @@ TEST(CudaRunAhead, FedStepsEqualHostFedSteps) {
     EXPECT_EQ(run(false), host_fed);
 }
 
+// A prefill beside decodes (6 tokens of 5 sequences, an eager step), then a step fed its ids on the
+// device whose graph bucket (8) pads beyond the rows the first step packed: padding rows 6 and 7
+// read token ids no step wrote, which must still be valid ids. Session 25's review found them
+// holding weight bytes (the step buffer was the upload's staging buffer): an out-of-bounds read
+// of the embedding table that changes no real row, so this test asserts the tokens here and
+// tests/cuda/device_run.sh runs it under memcheck. A fresh model per run: the first launches of a
+// freshly loaded model are the case.
+TEST(CudaRunAhead, PaddingRowsOfAFedStepReadValidIds) {
+    REQUIRE_GPU();
+    auto run = [&](bool fed) {
+        auto lm = load_model((kFixtures / "LlamaForCausalLM").string(), LoadOptions{.quant = "bf16", .load_text = false});
+        auto* m = dynamic_cast<CudaGeneratedModel*>(lm.model.get());
+        EXPECT_NE(m, nullptr);
+        if (!m) return std::vector<int32_t>{};
+        m->set_run_ahead(true);
+        const int bs = m->info().block_size, S = 5, per = 2;
+        std::vector<std::byte> anchor(64);
+        KvPool pool{anchor.data(), S * per + 1};
+        std::vector<int32_t> table(static_cast<size_t>(S * per));
+        for (int i = 0; i < S * per; ++i) table[size_t(i)] = i + 1;
+        auto slot = [&](int s, int pos) { return int64_t(table[size_t(s * per + pos / bs)]) * bs + pos % bs; };
+        const std::vector<DeviceSamplingRow> greedy(static_cast<size_t>(S));
+        // Step A: sequences 0-3 one prompt token each, sequence 4 two.
+        std::vector<int32_t> ids_a = {11, 22, 33, 44, 55, 66}, pos_a = {0, 0, 0, 0, 0, 1}, qs_a = {0, 1, 2, 3, 4, 6},
+                             lens_a = {1, 1, 1, 1, 2}, rows_a = {0, 1, 2, 3, 5};
+        std::vector<int64_t> slots_a = {slot(0, 0), slot(1, 0), slot(2, 0), slot(3, 0), slot(4, 0), slot(4, 1)};
+        StepBatch a;
+        a.num_tokens = 6;
+        a.token_ids = ids_a.data();
+        a.positions = pos_a.data();
+        a.slot_mapping = slots_a.data();
+        a.num_seqs = S;
+        a.query_start = qs_a.data();
+        a.seq_lens = lens_a.data();
+        a.block_tables = table.data();
+        a.block_table_stride = per;
+        a.num_logits = S;
+        a.logit_rows = rows_a.data();
+        // Step B: one token per sequence, its ids A's draws.
+        std::vector<int32_t> ids_b(static_cast<size_t>(S)), pos_b = {1, 1, 1, 1, 2}, qs_b = {0, 1, 2, 3, 4, 5},
+                             lens_b = {2, 2, 2, 2, 3}, rows_b = {0, 1, 2, 3, 4};
+        std::vector<int64_t> slots_b = {slot(0, 1), slot(1, 1), slot(2, 1), slot(3, 1), slot(4, 2)};
+        StepBatch b = a;
+        b.num_tokens = S;
+        b.token_ids = ids_b.data();
+        b.positions = pos_b.data();
+        b.slot_mapping = slots_b.data();
+        b.query_start = qs_b.data();
+        b.seq_lens = lens_b.data();
+        b.logit_rows = rows_b.data();
+        std::vector<int32_t> out_a(static_cast<size_t>(S), -1), out_b(static_cast<size_t>(S), -1);
+        if (fed) {
+            m->launch_sample(a, pool, greedy, /*feed_previous=*/false);
+            m->launch_sample(b, pool, greedy, /*feed_previous=*/true);
+            m->wait_sample(out_a.data());
+            m->wait_sample(out_b.data());
+        } else {
+            m->forward_sample(a, pool, greedy, out_a.data());
+            ids_b = out_a;
+            m->forward_sample(b, pool, greedy, out_b.data());
+        }
+        out_a.insert(out_a.end(), out_b.begin(), out_b.end());
+        return out_a;
+    };
+    const auto host_fed = run(false);
+    ASSERT_EQ(host_fed.size(), size_t(10));
+    for (int32_t t : host_fed) EXPECT_GE(t, 0);
+    EXPECT_EQ(run(true), host_fed);
+}
+
 TEST(CudaErrors, BadStepIsAnErrorAndTheModelStillWorks) {
     REQUIRE_GPU();
     auto lm = load_model((kFixtures / "LlamaForCausalLM").string(), LoadOptions{.quant = "f32", .load_text = false});
