@@ -269,7 +269,10 @@ int run_cuda_bench(const CudaBenchArgs& a) {
         std::vector<std::string> step_parts;    // a sampled step's wall time by part
         const bool ahead_first = [] {
             const char* e = std::getenv("SCR_BENCH_AHEAD_FIRST");
-            return e && std::string_view(e) == "1";
+            if (!e || !*e || std::string_view(e) == "0") return false;
+            if (std::string_view(e) == "1") return true;
+            fmt::print(stderr, "scr: SCR_BENCH_AHEAD_FIRST={} is not 0 or 1; timing the gapped steps first\n", e);
+            return false;
         }();
         for (int B : batches) {
             if (B > info.max_logit_rows || B > info.max_batch_tokens) continue;

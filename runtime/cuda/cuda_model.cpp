@@ -33,6 +33,25 @@ void check(cudaError_t e, const char* what) {
 
 constexpr size_t kAlign = 256;
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// SCR_CUDA_STEP_BUFFER_BYTES=n (tests): the step buffers are taken as n bytes long, so the first
+// steps take the growth path (ensure_meta_host) that no real step reaches below 32 MiB of block
+// tables. 0 when unset.
+size_t step_buffer_test_bytes() {
+    static const size_t bytes = [] {
+        const char* e = std::getenv("SCR_CUDA_STEP_BUFFER_BYTES");
+        if (!e || !*e) return size_t(0);
+        char* end = nullptr;
+        const unsigned long long n = std::strtoull(e, &end, 10);
+        if (*end != '\0' || n == 0) {
+            std::fprintf(stderr, "scr: SCR_CUDA_STEP_BUFFER_BYTES=%s is not a positive byte count; ignored\n", e);
+            return size_t(0);
+        }
+        return size_t(n);
+    }();
+    return bytes;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -231,13 +250,7 @@ CudaGeneratedModel::CudaGeneratedModel(const ModelInfo& info, const WeightSet& w
         // packs only its own, and a fed graph step's padding rows then read the rest on the device,
         // so they must be valid ids (0). A staging buffer still holds weight bytes.
         std::memset(m.meta_host[i], 0, std::min(m.off_tables, m.meta_host_bytes[i]));
-        // SCR_CUDA_STEP_BUFFER_BYTES=n (tests): treat the buffers as n bytes long, so the first
-        // steps take the growth path that no real step reaches below 32 MiB of block tables.
-        static const size_t test_bytes = [] {
-            const char* e = std::getenv("SCR_CUDA_STEP_BUFFER_BYTES");
-            return e ? size_t(std::strtoull(e, nullptr, 10)) : size_t(0);
-        }();
-        if (test_bytes > 0) m.meta_host_bytes[i] = std::min(m.meta_host_bytes[i], test_bytes);
+        if (step_buffer_test_bytes() > 0) m.meta_host_bytes[i] = std::min(m.meta_host_bytes[i], step_buffer_test_bytes());
         SCR_CUDA(cudaEventCreateWithFlags(&m.ready[i], cudaEventDisableTiming));
     }
     for (auto& p : spare) p.reset();

@@ -38,15 +38,12 @@ void check(cudaError_t e, const char* what) {
 // takes each as soon as it is there: pinning costs ~0.5 ms per MiB on the H200's host (~50 ms for
 // three 32 MiB buffers), and the host has usually finished loading before the context is open, so
 // that time sat on the path to the first token (docs/CUDA.md, "Session 25").
-constexpr int kStages = kStagingBuffers;
-constexpr size_t kStage = kStagingBytes;
-
 struct Opener {
     std::mutex mutex;  // start / finish
     std::thread thread;
     std::atomic<bool> running{false};
     std::atomic<bool> context_ready{false};
-    std::atomic<void*> staging[kStages] = {};  // pinned by the opening, taken by upload_weights
+    std::atomic<void*> staging[kStagingBuffers] = {};  // pinned by the opening, taken by upload_weights
     std::atomic<int> progress{0};  // bumped (and notified) at each of the above, and at the end
     OpenTimes times;               // read after the thread is joined
 };
@@ -83,10 +80,10 @@ void start_open() {
         o.times.context_ready = std::chrono::steady_clock::now();
         o.context_ready = opened;
         bump(o);
-        for (int k = 0; opened && k < kStages; ++k) {
+        for (int k = 0; opened && k < kStagingBuffers; ++k) {
             if (o.staging[k].load()) continue;  // still there from an earlier opening
             void* p = nullptr;
-            if (cudaMallocHost(&p, kStage) != cudaSuccess) {
+            if (cudaMallocHost(&p, kStagingBytes) != cudaSuccess) {
                 cudaGetLastError();  // upload_weights allocates (and reports) it itself
                 break;
             }
@@ -223,17 +220,17 @@ DeviceWeights upload_weights(const ModelInfo& info, const WeightSet& weights, Th
 
     // The device range is cut into windows of one staging buffer each: all host threads fill a
     // window (across tensor boundaries, so 18,867 small expert tensors copy as fast as one big one)
-    // while up to kStages - 1 earlier windows are on the copy engine. Alignment gaps go up as
+    // while up to kStagingBuffers - 1 earlier windows are on the copy engine. Alignment gaps go up as
     // whatever the buffer held (they are padding nobody reads).
-    void* stage[kStages] = {};
-    cudaEvent_t free_again[kStages] = {};
+    void* stage[kStagingBuffers] = {};
+    cudaEvent_t free_again[kStagingBuffers] = {};
     try {
         int k = 0;
-        for (size_t win = 0; win < out.bytes; win += kStage, k = (k + 1) % kStages) {
-            const size_t len = std::min(kStage, out.bytes - win);
+        for (size_t win = 0; win < out.bytes; win += kStagingBytes, k = (k + 1) % kStagingBuffers) {
+            const size_t len = std::min(kStagingBytes, out.bytes - win);
             if (!stage[k]) {  // first use: the opening's buffer, as soon as it is pinned
                 stage[k] = take_staging(k);
-                if (!stage[k]) SCR_CUDA(cudaMallocHost(&stage[k], kStage));
+                if (!stage[k]) SCR_CUDA(cudaMallocHost(&stage[k], kStagingBytes));
                 SCR_CUDA(cudaEventCreateWithFlags(&free_again[k], cudaEventDisableTiming));
             }
             SCR_CUDA(cudaEventSynchronize(free_again[k]));  // this buffer's previous copy has ended
@@ -247,18 +244,18 @@ DeviceWeights upload_weights(const ModelInfo& info, const WeightSet& weights, Th
         }
         SCR_CUDA(cudaStreamSynchronize(stream));
         // Buffers the windows did not need (a small model): whatever the opening pinned.
-        for (int j = 0; j < kStages; ++j)
+        for (int j = 0; j < kStagingBuffers; ++j)
             if (!stage[j]) stage[j] = take_staging(j);
     } catch (...) {
         cudaStreamSynchronize(stream);
-        for (int j = 0; j < kStages; ++j) {
+        for (int j = 0; j < kStagingBuffers; ++j) {
             if (stage[j]) cudaFreeHost(stage[j]);
             if (free_again[j]) cudaEventDestroy(free_again[j]);
         }
         cudaFree(out.base);
         throw;
     }
-    for (int j = 0; j < kStages; ++j) {
+    for (int j = 0; j < kStagingBuffers; ++j) {
         if (free_again[j]) cudaEventDestroy(free_again[j]);
         out.staging[j] = stage[j];  // the caller keeps them as its own pinned buffers, or frees them
     }
