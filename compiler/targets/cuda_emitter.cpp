@@ -86,9 +86,21 @@ public:
         for (auto& op : g_.ops)  // gate and up rows of a quantized SwiGLU (kernels/cuda/quant_ops.cuh)
             if (op.kind == ir::OpKind::linear_swiglu && quantized_op(op))
                 moe_ws = std::max(moe_ws, 2 * b_.params.max_batch_tokens * int64_t(op.attr.at("n")));
+        // The decode attention's context split (kernels/cuda/attention.cuh: attention_workspace_floats),
+        // the largest of the attention ops' shapes, as an expression the kernels' header evaluates
+        int64_t attn_hd = 0;
+        std::string attn_ws = "0";
+        for (auto& op : g_.ops)
+            if (op.kind == ir::OpKind::attention) {
+                const int64_t hq = int64_t(op.attr.at("q_heads")), hd = int64_t(op.attr.at("head_dim"));
+                if (hq * (hd + 2) > attn_hd) {
+                    attn_hd = hq * (hd + 2);
+                    attn_ws = fmt::format("k::attention_workspace_floats({}, {})", hq, hd);
+                }
+            }
         o += "\nclass Model final : public CudaGeneratedModel {\npublic:\n";
-        o += fmt::format("    Model(const WeightSet& w, ThreadPool& pool) : CudaGeneratedModel(kInfo, w, pool, {}, {}) {{}}\n\n",
-                         g_.scratch_floats, moe_ws);
+        o += fmt::format("    Model(const WeightSet& w, ThreadPool& pool) : CudaGeneratedModel(kInfo, w, pool, {}, {}, {}) {{}}\n\n",
+                         g_.scratch_floats, moe_ws, attn_ws);
         o += "protected:\n";
         const std::string decode1 = decode1_member();
         o += decode1;

@@ -37,6 +37,25 @@ __device__ __forceinline__ AttnToken attn_token(const DevStep& st, int t, const 
     return {ctx, x.window > 0 ? max(0, ctx - x.window) : 0, st.block_tables + size_t(st.seq_of_token[t]) * st.header[kHeaderTableStride]};
 }
 
+// The decode attention's context split (detail::part_slot and below).
+constexpr int kAttentionMaxParts = 4;    // the default most parts (SCR_CUDA_ATTN_PARTS: 1 .. kAttentionPartsLimit)
+constexpr int kAttentionPartsLimit = 8;  // what the workspace is sized for
+constexpr int kAttentionPartsRows = 8;   // rows a launch with parts may have (linear.cuh: kMmaMinRows - 1)
+
+// Floats of the workspace (Ctx::attn_ws) for a model of hq query heads of head_dim d: the tickets
+// (kAttentionPartsRows * hq unsigned ints, zero between launches), then the partials, (d + 2) floats
+// each, [row][query head][part]. The CUDA emitter sizes the model's workspace with the same formula.
+__host__ __device__ constexpr int64_t attention_workspace_floats(int hq, int d) {
+    return int64_t(kAttentionPartsRows) * hq * (1 + int64_t(kAttentionPartsLimit) * (d + 2));
+}
+
+// How many parts a token's nvis visible KV blocks take: one more per NW blocks, at most max (each
+// virtual warp has at least one KV block, or P = 1).
+__host__ __device__ constexpr int attention_parts(int nvis, int nw, int max_parts) {
+    const int p = nvis / nw;
+    return p < 1 ? 1 : (p > max_parts ? max_parts : p);
+}
+
 namespace detail {
 
 template <int HKV, int D, int BS, typename KVT>
@@ -112,6 +131,116 @@ __device__ __forceinline__ void merge_warps(const float (&m)[G], const float (&l
     }
     __syncthreads();
     merge_combine<G, D, NW>(sm_m, sm_l, sm_acc, sinks, o);
+}
+
+// ---- The context split of the decode launches (flash-decoding's idea).
+// vLLM: vllm/attention/ops/triton_decode_attention.py:L57 (_fwd_kernel_stage1: a program per
+// sequence, head and KV split, each a contiguous range, its output normalized with its log-sum-exp;
+// _fwd_kernel_stage2, a second kernel, merges the splits). Ours: interleaved KV blocks per virtual
+// warp, unnormalized partials with their max and sum, merged by the last block (no second launch),
+// and a part count set by the context alone. A token's NW warps of online softmax
+// become P(ctx) * NW "virtual" warps, P blocks per query-head block, each walking every
+// (P * NW)-th visible KV block: a long context's chain of KV blocks per warp is P times shorter,
+// on P times the SMs. Each block merges its warps into one partial per head (max, sum, unscaled
+// weighted V) in a workspace; the last of the P blocks to finish (a ticket per block group, reset by
+// it) merges the P partials in order. P is a function of the token's context alone (never of the
+// batch or of the launch's shape), and with P = 1 nothing changes: the single-block merge as before.
+// Launches of 1-8 rows only (the bf16 GEMV's regime, which already sets a sequence's bits apart from
+// the 9-32-row MMA linears): a head's result depends on its context, not on the other rows, the head
+// split or the launch (fused or not). Launches of more rows keep the single-block merge (P = 1):
+// their blocks fill the SMs anyway, and the parts taken in turn cost 3 % (8B) / 5 % (1B) at 16 rows
+// and 2k context (docs/CUDA.md, "Session 26").
+
+// One block's place in a split token: its parts (part, part + step, ... below parts), its heads'
+// partials (head h of the block, part p at partials + h * stride + p * (D + 2): D unscaled
+// weighted-V dims, max, sum), and, where more than one block shares the token's parts, their ticket
+// and how many take one.
+struct PartSlot {
+    int part = 0, parts = 1, step = 1;
+    float* partials = nullptr;
+    int stride = 0;
+    unsigned* ticket = nullptr;
+    int arrivals = 1;
+};
+
+// A block's warps' (m, l, acc) per head (shared memory) merged into the block's partial: the max of
+// the warps' maxima, the sum and the weighted V rows rescaled to it (merge_combine's arithmetic, no
+// sink, not divided).
+template <int G, int D, int NW>
+__device__ __forceinline__ void part_combine(const float (&sm_m)[NW][G], const float (&sm_l)[NW][G], const float (&sm_acc)[NW][G][D],
+                                             float* part, int stride) {
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+        const int h = idx / D, d = idx % D;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) mx = fmaxf(mx, sm_m[w][h]);
+        float sum = 0.0f, val = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+            const float f = sm_l[w][h] > 0.0f ? expf(__fsub_rn(sm_m[w][h], mx)) : 0.0f;
+            sum = __fmaf_rn(sm_l[w][h], f, sum);
+            val = __fmaf_rn(sm_acc[w][h][d], f, val);
+        }
+        float* ph = part + size_t(h) * stride;
+        ph[d] = val;
+        if (d == 0) {
+            ph[D] = mx;
+            ph[D + 1] = sum;
+        }
+    }
+}
+
+// The last block's merge of its token's `parts` partials (in part order; a sink joins here, once)
+// into o [G][D]. The partials were written by other blocks: read through L2 (__ldcg).
+template <int G, int D>
+__device__ __forceinline__ void parts_merge(const float* partials, int stride, int parts, const float* sinks, float* o) {
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+        const int h = idx / D, d = idx % D;
+        const float* ph = partials + size_t(h) * stride;
+        const float sink = sinks ? sinks[h] : -INFINITY;
+        float mx = sink;
+        for (int p = 0; p < parts; ++p) mx = fmaxf(mx, __ldcg(ph + p * (D + 2) + D));
+        float sum = sinks ? expf(__fsub_rn(sink, mx)) : 0.0f, val = 0.0f;
+        for (int p = 0; p < parts; ++p) {
+            const float* pp = ph + p * (D + 2);
+            const float l = __ldcg(pp + D + 1);
+            const float f = l > 0.0f ? expf(__fsub_rn(__ldcg(pp + D), mx)) : 0.0f;
+            sum = __fmaf_rn(l, f, sum);
+            val = __fmaf_rn(__ldcg(pp + d), f, val);
+        }
+        o[idx] = __fdiv_rn(val, sum);
+    }
+}
+
+// The launch's side of the split: the workspace, the most parts a token takes, and gridDim.z, the
+// blocks that share a token's parts (block z takes parts z, z + blocks, ...; 1: one block takes them
+// all in turn, which spreads nothing but keeps the bits of a launch that has the SMs for more).
+struct AttnParts {
+    float* ws = nullptr;
+    int max = 1;
+    int blocks = 1;
+    int every_token = 0;  // > 0: every token takes this many parts (attention_parts_every_token_override)
+};
+
+// Block (t, heads hq0 .. hq0 + GH - 1, blockIdx.z) of a launch with ap: its PartSlot for a token of
+// nvis visible KV blocks, or parts = 0 when this block has no part (z >= P).
+template <int HQ, int D, int NW>
+__device__ __forceinline__ PartSlot part_slot(const AttnParts& ap, int t, int hq0, int nvis) {
+    PartSlot ps;
+    if (ap.max <= 1) return ps;
+    ps.parts = ap.every_token > 0 ? min(ap.every_token, ap.max) : attention_parts(nvis, NW, ap.max);
+    ps.part = blockIdx.z;
+    ps.step = ap.blocks;
+    if (ps.part >= ps.parts) {
+        ps.parts = 0;
+        return ps;
+    }
+    if (ps.parts == 1) return ps;
+    ps.stride = ap.max * (D + 2);
+    ps.partials = ap.ws + size_t(kAttentionPartsRows) * HQ + (size_t(t) * HQ + hq0) * size_t(ps.stride);
+    ps.arrivals = min(ap.blocks, ps.parts);
+    if (ps.arrivals > 1) ps.ticket = reinterpret_cast<unsigned*>(ap.ws) + size_t(t) * HQ + hq0;
+    return ps;
 }
 
 // One block's work for token t and kv head g: its warps walk the visible KV blocks with an online
@@ -400,7 +529,7 @@ template <int G, int D, int BS, typename KVT, int NW>
 __device__ __forceinline__ void attend_group_vec(int g, int ctx, int first, const int32_t* table, const float* qg, const std::byte* kv,
                                                  int64_t block_bytes, int64_t k_off, int64_t v_off, float scale, const AttnExtras& x,
                                                  const float* sinks, const float* cur_k, const float* cur_v, VecAhead<G, D, BS, KVT>& ahead,
-                                                 float* o) {
+                                                 float* o, const PartSlot& ps = {}) {
     using L = KvVec<D, KVT>;
     constexpr int Vn = L::Vn;
     static_assert(G * D <= 8192, "grouped heads x head_dim too large for one thread block's merge buffer");
@@ -408,22 +537,50 @@ __device__ __forceinline__ void attend_group_vec(int g, int ctx, int first, cons
     __shared__ __align__(16) float sm_acc[NW][G][D];
     const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
     float m[G], l[G], acc[G][Vn];
-    warp_attend_vec<G, D, BS, KVT>(g, ctx, first, table, first / BS + warp, NW, qg, kv, block_bytes, k_off, v_off, scale, x.softcap,
-                                   cur_k, cur_v, ahead, m, l, acc);
-    if (lane < L::LPR) {
+    for (int p = ps.part; p < ps.parts; p += ps.step) {  // (one pass unless this block takes several parts)
+        if (p != ps.part) __syncthreads();               // the previous part's combine has read the buffers
+        warp_attend_vec<G, D, BS, KVT>(g, ctx, first, table, first / BS + p * NW + warp, NW * ps.parts, qg, kv, block_bytes, k_off, v_off,
+                                       scale, x.softcap, cur_k, cur_v, ahead, m, l, acc);
+        if (lane < L::LPR) {
 #pragma unroll
-        for (int h = 0; h < G; ++h) {
+            for (int h = 0; h < G; ++h) {
 #pragma unroll
-            for (int e = 0; e < Vn; e += 4)
-                *reinterpret_cast<float4*>(&sm_acc[warp][h][lane * Vn + e]) = make_float4(acc[h][e], acc[h][e + 1], acc[h][e + 2], acc[h][e + 3]);
-            if (lane == 0) {
-                sm_m[warp][h] = m[h];
-                sm_l[warp][h] = l[h];
+                for (int e = 0; e < Vn; e += 4)
+                    *reinterpret_cast<float4*>(&sm_acc[warp][h][lane * Vn + e]) =
+                        make_float4(acc[h][e], acc[h][e + 1], acc[h][e + 2], acc[h][e + 3]);
+                if (lane == 0) {
+                    sm_m[warp][h] = m[h];
+                    sm_l[warp][h] = l[h];
+                }
             }
         }
+        if constexpr (VecAhead<G, D, BS, KVT>::on) {  // the next part's first KV block, in flight over the barrier and the combine
+            const int next = first / BS + (p + ps.step) * NW + warp;
+            if (p + ps.step < ps.parts && next < (ctx + BS - 1) / BS) ahead.load(g, ctx, first, table, next, kv, block_bytes, k_off, v_off);
+        }
+        __syncthreads();
+        if (ps.parts > 1) part_combine<G, D, NW>(sm_m, sm_l, sm_acc, ps.partials + p * (D + 2), ps.stride);
     }
-    __syncthreads();
-    merge_combine<G, D, NW>(sm_m, sm_l, sm_acc, sinks, o);
+    if (ps.parts <= 1) {
+        merge_combine<G, D, NW>(sm_m, sm_l, sm_acc, sinks, o);
+        return;
+    }
+    // The split: the last of the token's blocks to be done merges all the parts' partials.
+    if (ps.arrivals > 1) {
+        __threadfence();
+        __syncthreads();
+        __shared__ int sm_last;
+        if (threadIdx.x == 0) {
+            sm_last = atomicAdd(ps.ticket, 1u) == unsigned(ps.arrivals - 1);
+            if (sm_last) *ps.ticket = 0u;  // every other block of the group has taken its ticket
+        }
+        __syncthreads();
+        if (!sm_last) return;
+        __threadfence();
+    } else {
+        __syncthreads();  // this block's own partials (global memory) are visible to all its threads
+    }
+    parts_merge<G, D>(ps.partials, ps.stride, ps.parts, sinks, o);
 }
 
 // VEC: attend_group_vec (the decode launches) where the shape allows, else attend_group.
@@ -431,10 +588,11 @@ template <int HQ, int HKV, int D, int BS, typename KVT, int NW = attention_warps
 __global__ void __launch_bounds__(NW * kWarp, attention_min_blocks(NW))
 attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const std::byte* __restrict__ kv, int64_t block_bytes,
                  int64_t k_off, int64_t v_off, float scale, const AttnExtras x, float* __restrict__ out,
-                 const __grid_constant__ L2Plan pf) {
+                 const __grid_constant__ L2Plan pf, const AttnParts ap) {
     constexpr int G = HQ / HKV;
     const int t = blockIdx.x, g = blockIdx.y;
     if (t >= rows) {  // the blocks past the tokens prefetch upcoming weights (read-only: no wait needed)
+        if (blockIdx.z > 0) return;
         if (pf.after_wait) pdl_wait();
         l2_prefetch_part(pf, int64_t(t - rows) * gridDim.y + g, int64_t(gridDim.x - rows) * gridDim.y);
         return;
@@ -443,15 +601,19 @@ attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const 
     pdl_trigger();
     float* o = out + (size_t(t) * HQ + size_t(g) * G) * D;
     if (t >= st.header[kHeaderTokens]) {  // graph padding: a defined output, no reads
-        for (int i = threadIdx.x; i < G * D; i += blockDim.x) o[i] = 0.0f;
+        if (blockIdx.z == 0)
+            for (int i = threadIdx.x; i < G * D; i += blockDim.x) o[i] = 0.0f;
         return;
     }
     const auto [ctx, first, table] = attn_token(st, t, x);
     const float* qg = q + (size_t(t) * HQ + size_t(g) * G) * D;
     const float* sinks = x.sinks ? x.sinks + g * G : nullptr;
     if constexpr (VEC && attend_vec_on<G, D, BS, KVT>()) {
+        const PartSlot ps = part_slot<HQ, D, NW>(ap, t, g * G, (ctx + BS - 1) / BS - first / BS);
+        if (ps.parts == 0) return;  // a part this token's context does not have
         VecAhead<G, D, BS, KVT> ahead;  // (empty: the loop loads every block)
-        attend_group_vec<G, D, BS, KVT, NW>(g, ctx, first, table, qg, kv, block_bytes, k_off, v_off, scale, x, sinks, nullptr, nullptr, ahead, o);
+        attend_group_vec<G, D, BS, KVT, NW>(g, ctx, first, table, qg, kv, block_bytes, k_off, v_off, scale, x, sinks, nullptr, nullptr, ahead, o,
+                                            ps);
     } else {
         attend_group<G, D, BS, KVT, NW>(g, ctx, first, table, qg, kv, block_bytes, k_off, v_off, scale, x, sinks, o);
     }
@@ -477,7 +639,8 @@ template <int HQ, int HKV, int D, int ROT, int BS, typename KVT, int NW = attent
 __global__ void __launch_bounds__(NW * kWarp, attention_min_blocks(NW))
 rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                       const __grid_constant__ RopeFreqs<ROT / 2> f, std::byte* kv, int64_t block_bytes, int64_t k_off, int64_t v_off,
-                      float scale, const AttnExtras x, float* __restrict__ out, const __grid_constant__ L2Plan pf, PdlTrigger trig) {
+                      float scale, const AttnExtras x, float* __restrict__ out, const __grid_constant__ L2Plan pf, PdlTrigger trig,
+                      const AttnParts ap) {
     constexpr int G = HQ / HKV;
     static_assert(G % GS == 0, "the head split must divide the query group");
     constexpr int GH = G / GS;  // query heads of this block
@@ -491,6 +654,7 @@ rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, c
     const int t = blockIdx.x, g = blockIdx.y / GS, h0 = (blockIdx.y % GS) * GH;
     const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
     if (t >= rows) {  // the blocks past the tokens prefetch upcoming weights (read-only: no wait needed)
+        if (blockIdx.z > 0) return;
         if (pf.after_wait) pdl_wait();
         l2_prefetch_part(pf, int64_t(t - rows) * gridDim.y + g, int64_t(gridDim.x - rows) * gridDim.y);
         return;
@@ -499,22 +663,26 @@ rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, c
     const bool padding = t >= st.header[kHeaderTokens];
     const auto [ctx, first, table] = attn_token(st, t, x);
     const int nblocks = (ctx + BS - 1) / BS;
+    // This block's part of the token's context (kVec only: the launcher passes no split otherwise).
+    const PartSlot ps = padding ? PartSlot{} : part_slot<HQ, D, NW>(ap, t, g * G + h0, nblocks - first / BS);
+    if (ps.parts == 0 || (padding && blockIdx.z > 0)) return;  // a part this token does not have
     VecAhead<GH, D, BS, KVT> ahead;  // (with kVec: the warp's first KV block, loaded before the wait)
     if (!padding) {
         const float pos = float(ctx - 1);
         for (int i = threadIdx.x; i < kHalf; i += blockDim.x) sincosf(pos * f.inv_freq[i], &sm_sin[i], &sm_cos[i]);
-        const int blk0 = first / BS + warp;
+        const int blk0 = first / BS + ps.part * NW + warp, stride = NW * ps.parts;
         if constexpr (kVec && VecAhead<GH, D, BS, KVT>::on) {
             if (blk0 < nblocks) ahead.load(g, ctx, first, table, blk0, kv, block_bytes, k_off, v_off);
         }
         constexpr int kRowBytes = BS * D * int(sizeof(KVT));
-        for (int blk = blk0 + (ahead.blk >= 0 ? NW : 0); blk < nblocks; blk += NW) {
-            const std::byte* base = kv + int64_t(table[blk]) * block_bytes + size_t(g) * kRowBytes;
-            for (int off = lane * 32; off < kRowBytes; off += kWarp * 32) {
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(base + k_off + off));
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(base + v_off + off));
+        for (int p = ps.part; p < ps.parts; p += ps.step)  // the warp's KV blocks of each of the block's parts
+            for (int blk = first / BS + p * NW + warp + (p == ps.part && ahead.blk >= 0 ? stride : 0); blk < nblocks; blk += stride) {
+                const std::byte* base = kv + int64_t(table[blk]) * block_bytes + size_t(g) * kRowBytes;
+                for (int off = lane * 32; off < kRowBytes; off += kWarp * 32) {
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(base + k_off + off));
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(base + v_off + off));
+                }
             }
-        }
     }
     __syncthreads();  // sm_cos / sm_sin
     pdl_wait();
@@ -539,7 +707,7 @@ rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, c
     for (int i = threadIdx.x; i < D; i += blockDim.x) sm_v[i] = v[(size_t(t) * HKV + g) * D + i];
     __syncthreads();
     const int64_t slot = st.slot_mapping[t];
-    if (slot >= 0) {
+    if (slot >= 0 && ps.part == 0) {  // (the other parts take the row from shared memory)
         std::byte* base = kv + (slot / BS) * block_bytes;
         KVT* kd_out = reinterpret_cast<KVT*>(base + k_off) + (size_t(g) * BS + slot % BS) * D;
         KVT* vd_out = reinterpret_cast<KVT*>(base + v_off) + (size_t(g) * BS + slot % BS) * D;
@@ -551,7 +719,7 @@ rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, c
     const float* sinks = x.sinks ? x.sinks + g * G + h0 : nullptr;
     if constexpr (kVec) {
         attend_group_vec<GH, D, BS, KVT, NW>(g, ctx, first, table, &sm_q[0][0], kv, block_bytes, k_off, v_off, scale, x, sinks, sm_q[GH],
-                                             sm_v, ahead, o);
+                                             sm_v, ahead, o, ps);
     } else {
         // The block's own global writes are visible to all its threads after the barrier: the key
         // loop then reads this position from the cache like any other.
@@ -713,6 +881,42 @@ inline bool attention_vec_on() {
     return on;
 }
 
+// The context split's most parts per token (AttnParts::max): kAttentionMaxParts, or what
+// SCR_CUDA_ATTN_PARTS asks (1: no split, for A/B runs; at most kAttentionPartsLimit), or the tests'
+// attention_parts_override(). Bits depend on it (a head's arithmetic follows its part count).
+inline int attention_max_parts() {
+    if (attention_parts_override() >= 1) return std::min(attention_parts_override(), kAttentionPartsLimit);
+    static const int v = [] {
+        const char* e = std::getenv("SCR_CUDA_ATTN_PARTS");
+        if (!e || !*e) return kAttentionMaxParts;
+        const int n = std::atoi(e);
+        if (n >= 1 && n <= kAttentionPartsLimit) return n;
+        std::fprintf(stderr, "SCR_CUDA_ATTN_PARTS=%s is not a part count in 1..%d; using %d\n", e, kAttentionPartsLimit, kAttentionMaxParts);
+        return kAttentionMaxParts;
+    }();
+    return v;
+}
+
+// The split for a decode launch of `rows` rows of `row_blocks` blocks each: where the model gave a
+// workspace (Ctx::attn_ws) and the launch takes the vector layout (attend_group_vec), else none.
+// A token's parts go to as many blocks as leave the launch within one wave of blocks on the SMs
+// (batch 1 of the Llamas: 32 query-head blocks x 4), the rest to one block in turn (the same bits:
+// a launch of more rows has fewer SMs to spare; 4x the blocks measured 5-7 % slower at 16 rows).
+template <int HQ, int HKV, int D, int BS, typename KVT>
+detail::AttnParts attention_parts_for(const Ctx& c, int rows, int row_blocks, bool vec) {
+    if (!c.attn_ws || !vec || !detail::attend_vec_on<HQ / HKV, D, BS, KVT>() || rows > kAttentionPartsRows) return {};
+    static const int sms = [] {
+        int dev = 0, n = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+        return n;
+    }();
+    const int max = attention_max_parts();
+    int blocks = std::clamp(sms / std::max(1, rows * row_blocks), 1, max);
+    if (attention_part_blocks_override() >= 1) blocks = std::min(attention_part_blocks_override(), max);
+    return {c.attn_ws, max, blocks, std::max(0, attention_parts_every_token_override())};
+}
+
 // Causal attention of every token's query heads over its sequence's KV blocks (already appended).
 template <int HQ, int HKV, int D, int BS, typename KVT>
 void attention(const Ctx& c, int rows, const float* q, const std::byte* kv, int64_t block_bytes, int64_t k_off, int64_t v_off,
@@ -725,16 +929,18 @@ void attention(const Ctx& c, int rows, const float* q, const std::byte* kv, int6
     if (c.one_token_per_seq && rows >= kAttentionManyRows && rows <= kAttentionFusedMaxRows) {
         constexpr int NWM = std::min(NW, kAttentionManyRowsWarps);
         launch(c, detail::attention_kernel<HQ, HKV, D, BS, KVT, NWM>, dim3(rows, HKV), dim3(NWM * kWarp), rows, c.step, q, kv,
-               block_bytes, k_off, v_off, scale, extras, out, L2Plan{});
+               block_bytes, k_off, v_off, scale, extras, out, L2Plan{}, detail::AttnParts{});
     } else if (rows <= kAttentionDecodeMaxRows) {
         // Decode attention reads little from HBM: with SCR_CUDA_L2_PREFETCH=1, extra columns of
         // blocks prefetch the next launches' weights into L2 (Ctx::l2, from the emitter; off: none).
         const L2Plan pf = l2_plan(c.l2, L2Site::attention);
         const int extra = ceil_div(l2_prefetch_blocks(pf, NW * kWarp), HKV);
         constexpr bool kVec = detail::attend_vec_on<HQ / HKV, D, BS, KVT>();  // (else one kernel for both settings)
-        auto kernel = attention_vec_on() ? detail::attention_kernel<HQ, HKV, D, BS, KVT, NW, kVec>
-                                         : detail::attention_kernel<HQ, HKV, D, BS, KVT, NW, false>;
-        launch(c, kernel, dim3(rows + extra, HKV), dim3(NW * kWarp), rows, c.step, q, kv, block_bytes, k_off, v_off, scale, extras, out, pf);
+        const bool vec = attention_vec_on();
+        auto kernel = vec ? detail::attention_kernel<HQ, HKV, D, BS, KVT, NW, kVec> : detail::attention_kernel<HQ, HKV, D, BS, KVT, NW, false>;
+        const detail::AttnParts ap = attention_parts_for<HQ, HKV, D, BS, KVT>(c, rows, HKV, vec);
+        launch(c, kernel, dim3(rows + extra, HKV, ap.blocks), dim3(NW * kWarp), rows, c.step, q, kv, block_bytes, k_off, v_off, scale, extras,
+               out, pf, ap);
     } else {
         if constexpr (attention_prefill_mma_fits<HQ, HKV, D, KVT>()) {
             if (attention_prefill_mma_on()) {
@@ -796,7 +1002,7 @@ void rope_attention(const Ctx& c, int rows, const float* q, const float* k, cons
     if (c.one_token_per_seq && rows >= kAttentionManyRows && rows <= kAttentionFusedMaxRows && rope_attention_fused_on()) {
         constexpr int NWM = std::min(detail::attention_warps<HQ / HKV, D>(), kAttentionManyRowsWarps);
         launch(c, detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT, NWM>, dim3(rows, HKV), dim3(NWM * kWarp), rows, c.step, q, k,
-               v, f, kv, block_bytes, k_off, v_off, scale, extras, out, L2Plan{}, rope_attention_trigger());
+               v, f, kv, block_bytes, k_off, v_off, scale, extras, out, L2Plan{}, rope_attention_trigger(), detail::AttnParts{});
         return;
     }
     if (c.one_token_per_seq && rows <= kAttentionDecodeMaxRows && rope_attention_fused_on()) {
@@ -804,20 +1010,22 @@ void rope_attention(const Ctx& c, int rows, const float* q, const float* k, cons
         const L2Plan pf = l2_plan(c.l2, L2Site::attention);  // as in attention() above
         constexpr bool kVec = detail::attend_vec_on<HQ / HKV, D, BS, KVT>();  // (else one kernel for both settings)
         const bool vec = attention_vec_on();
-        if (rows * HQ <= attention_split_max_blocks()) {  // one block per query head (same bits, more SMs)
+        if (rows * HQ <= attention_split_max_blocks()) {
+            const detail::AttnParts ap = attention_parts_for<HQ, HKV, D, BS, KVT>(c, rows, HQ, vec);  // one block per query head (same bits, more SMs)
             constexpr int GS = HQ / HKV;
             const int extra = ceil_div(l2_prefetch_blocks(pf, NW * kWarp), HKV * GS);
             auto kernel = vec ? detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT, NW, GS, kVec>
                               : detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT, NW, GS, false>;
-            launch(c, kernel, dim3(rows + extra, HKV * GS), dim3(NW * kWarp), rows, c.step, q, k, v, f, kv, block_bytes, k_off, v_off, scale,
-                   extras, out, pf, rope_attention_trigger());
+            launch(c, kernel, dim3(rows + extra, HKV * GS, ap.blocks), dim3(NW * kWarp), rows, c.step, q, k, v, f, kv, block_bytes, k_off, v_off,
+                   scale, extras, out, pf, rope_attention_trigger(), ap);
             return;
         }
         const int extra = ceil_div(l2_prefetch_blocks(pf, NW * kWarp), HKV);
         auto kernel = vec ? detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT, NW, 1, kVec>
                           : detail::rope_attention_kernel<HQ, HKV, D, ROT, BS, KVT, NW, 1, false>;
-        launch(c, kernel, dim3(rows + extra, HKV), dim3(NW * kWarp), rows, c.step, q, k, v, f, kv, block_bytes, k_off, v_off, scale, extras,
-               out, pf, rope_attention_trigger());
+        const detail::AttnParts ap = attention_parts_for<HQ, HKV, D, BS, KVT>(c, rows, HKV, vec);
+        launch(c, kernel, dim3(rows + extra, HKV, ap.blocks), dim3(NW * kWarp), rows, c.step, q, k, v, f, kv, block_bytes, k_off, v_off, scale,
+               extras, out, pf, rope_attention_trigger(), ap);
         return;
     }
     rope_append<HQ, HKV, D, ROT, BS, KVT>(c, rows, q, k, v, q_out, f, kv, block_bytes, k_off, v_off);

@@ -54,6 +54,25 @@ inline int& attention_vec_override() {
     return v;
 }
 
+// Decode attention's context split (kernels/cuda/attention.cuh, attention_max_parts): -1:
+// SCR_CUDA_ATTN_PARTS decides (kAttentionMaxParts unless set), n >= 1: at most n parts. For tests.
+inline int& attention_parts_override() {
+    static int v = -1;
+    return v;
+}
+// ... every token's part count, whatever its context (the tiny test models' contexts are too short
+// to take more than one): -1: by the context (attention_parts), n >= 1: n (at most the most). For tests.
+inline int& attention_parts_every_token_override() {
+    static int v = -1;
+    return v;
+}
+// ... and how many blocks share a token's parts (gridDim.z): -1: as many as the SMs leave room for
+// (attention_parts_for), n >= 1: n (at most the part count). For tests.
+inline int& attention_part_blocks_override() {
+    static int v = -1;
+    return v;
+}
+
 // Batch-1 decode as one persistent kernel (kernels/cuda/decode1.cuh): -1: SCR_CUDA_DECODE1 decides
 // (off unless 1), 0: the launch-per-op step, 1: the persistent kernel where the model has one. For tests.
 inline int& decode1_override() {
@@ -96,6 +115,9 @@ struct Ctx {
     bool one_token_per_seq = false;
     // Upcoming weights this launch may prefetch into L2 (attention and the GEMV take it).
     L2Prefetch l2;
+    // The decode attention's workspace for its context split (kernels/cuda/attention.cuh:
+    // attention_workspace_floats; tickets zero between launches), or null: no split.
+    float* attn_ws = nullptr;
     Ctx with_l2(const L2Prefetch& p) const {
         Ctx c = *this;
         c.l2 = p;

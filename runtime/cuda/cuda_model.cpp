@@ -64,6 +64,7 @@ struct CudaGeneratedModel::Impl {
     void* table = nullptr;
     void* scratch = nullptr;
     void* moe_ws = nullptr;
+    void* attn_ws = nullptr;  // the decode attention's split (Ctx::attn_ws)
     void* sync = nullptr;  // dev_sync()
     float* logits_dev = nullptr;
     float* logits_host = nullptr;  // pinned, grown on demand (ensure_logits_host)
@@ -161,7 +162,7 @@ struct CudaGeneratedModel::Impl {
 };
 
 CudaGeneratedModel::CudaGeneratedModel(const ModelInfo& info, const WeightSet& weights, ThreadPool& pool, int64_t scratch_floats,
-                                       int64_t moe_workspace_floats)
+                                       int64_t moe_workspace_floats, int64_t attention_workspace_floats)
     : GeneratedModel(info, weights, pool, 0), impl_(std::make_unique<Impl>()) {
     Impl& m = *impl_;
     int devices = 0;
@@ -201,6 +202,12 @@ CudaGeneratedModel::CudaGeneratedModel(const ModelInfo& info, const WeightSet& w
     if (moe_workspace_floats > 0) {
         SCR_CUDA(cudaMalloc(&m.moe_ws, size_t(moe_workspace_floats) * 4));
         dev_moe_ws_ = static_cast<float*>(m.moe_ws);
+    }
+    // The decode attention's context split (kernels/cuda/attention.cuh): its tickets start at zero
+    // and every launch leaves them so.
+    if (attention_workspace_floats > 0) {
+        SCR_CUDA(cudaMalloc(&m.attn_ws, size_t(attention_workspace_floats) * 4));
+        SCR_CUDA(cudaMemset(m.attn_ws, 0, size_t(attention_workspace_floats) * 4));
     }
     SCR_CUDA(cudaMalloc(&m.sync, 4096));
     SCR_CUDA(cudaMemset(m.sync, 0, 4096));
@@ -287,6 +294,7 @@ CudaGeneratedModel::~CudaGeneratedModel() {
     cudaFree(m.logits_dev);
     cudaFreeHost(m.logits_host);
     cudaFree(m.moe_ws);
+    cudaFree(m.attn_ws);
     cudaFree(m.sync);
     cudaFree(m.scratch);
     cudaFree(m.table);
@@ -445,6 +453,7 @@ void CudaGeneratedModel::Impl::launch(CudaGeneratedModel& model, const StepBatch
     ctx.step = m.step;
     ctx.pdl = m.pdl;
     ctx.one_token_per_seq = T == S;
+    ctx.attn_ws = static_cast<float*>(m.attn_ws);
     if (l.timed) SCR_CUDA(cudaEventRecord(m.t_begin[slot], m.stream));
     if (decode) {
         auto it = m.graphs.find(rows);

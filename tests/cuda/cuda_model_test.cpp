@@ -220,6 +220,40 @@ TEST(CudaBatch, AttentionHeadSplitKeepsTheBits) {
     }
 }
 
+// The decode attention's context split (kernels/cuda/attention.cuh): with every token in 3 parts
+// (the fixtures' contexts are too short to take more than one by themselves), a decode step gives
+// the logits each sequence gets alone, and the same bits whether a token's parts run on a block
+// each, all on one block, or without the head split; and logits close to the single-block merge's.
+TEST(CudaBatch, AttentionPartsKeepTheBits) {
+    REQUIRE_GPU();
+    namespace kc = kernels::cuda;
+    for (const auto& [fixture, quant] : {std::pair{"LlamaForCausalLM", "bf16"}, std::pair{"Qwen3ForCausalLM", "f32"}}) {
+        const std::vector<float> one = batched_equals_alone(fixture, quant, 6);
+        kc::attention_parts_every_token_override() = 3;
+        const std::vector<float> spread = batched_equals_alone(fixture, quant, 6);
+        kc::attention_part_blocks_override() = 1;
+        const std::vector<float> in_turn = batched_equals_alone(fixture, quant, 6);
+        kc::attention_part_blocks_override() = -1;
+        kc::attention_split_override() = 0;
+        const std::vector<float> whole_group = batched_equals_alone(fixture, quant, 6);
+        kc::attention_split_override() = -1;
+        kc::attention_parts_every_token_override() = -1;
+        ASSERT_EQ(one.size(), spread.size());
+        size_t differ = 0;
+        double err = 0, ref = 0;
+        for (size_t i = 0; i < spread.size(); ++i) {
+            differ += std::memcmp(&spread[i], &in_turn[i], sizeof(float)) != 0;
+            differ += std::memcmp(&spread[i], &whole_group[i], sizeof(float)) != 0;
+            err += (double(spread[i]) - one[i]) * (double(spread[i]) - one[i]);
+            ref += double(one[i]) * one[i];
+        }
+        EXPECT_EQ(differ, 0u) << fixture << "/" << quant << ": " << differ << " logits differ between the split's launch shapes";
+        // the split changes only the order of the softmax's sums: float32 rounding, carried through
+        // the layers (bf16 activations round it up to their own 2^-8)
+        EXPECT_LE(std::sqrt(err / ref), quant == std::string("f32") ? 1e-5 : 1e-2) << fixture << "/" << quant;
+    }
+}
+
 // The persistent batch-1 decode kernel (kernels/cuda/decode1.cuh) against the launch-per-op step:
 // the same logits, bit for bit, for a 1-token prompt and 24 greedy decode steps of a longer one
 // (graphs captured for each), on the bf16 Llama fixture (the kernel's sums are the GEMV's and its
