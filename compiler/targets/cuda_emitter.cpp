@@ -87,17 +87,15 @@ public:
             if (op.kind == ir::OpKind::linear_swiglu && quantized_op(op))
                 moe_ws = std::max(moe_ws, 2 * b_.params.max_batch_tokens * int64_t(op.attr.at("n")));
         // The decode attention's context split (kernels/cuda/attention.cuh: attention_workspace_floats),
-        // the largest of the attention ops' shapes, as an expression the kernels' header evaluates
-        int64_t attn_hd = 0;
+        // as an expression the kernels' header evaluates. Its layout (tickets, then partials) is set
+        // by one shape: a model whose attention ops differ in query heads or head size gets no
+        // workspace, so no split (every model of models/arch has one shape).
         std::string attn_ws = "0";
+        std::set<std::pair<int64_t, int64_t>> attn_shapes;
         for (auto& op : g_.ops)
-            if (op.kind == ir::OpKind::attention) {
-                const int64_t hq = int64_t(op.attr.at("q_heads")), hd = int64_t(op.attr.at("head_dim"));
-                if (hq * (hd + 2) > attn_hd) {
-                    attn_hd = hq * (hd + 2);
-                    attn_ws = fmt::format("k::attention_workspace_floats({}, {})", hq, hd);
-                }
-            }
+            if (op.kind == ir::OpKind::attention) attn_shapes.emplace(int64_t(op.attr.at("q_heads")), int64_t(op.attr.at("head_dim")));
+        if (attn_shapes.size() == 1)
+            attn_ws = fmt::format("k::attention_workspace_floats({}, {})", attn_shapes.begin()->first, attn_shapes.begin()->second);
         o += "\nclass Model final : public CudaGeneratedModel {\npublic:\n";
         o += fmt::format("    Model(const WeightSet& w, ThreadPool& pool) : CudaGeneratedModel(kInfo, w, pool, {}, {}, {}) {{}}\n\n",
                          g_.scratch_floats, moe_ws, attn_ws);

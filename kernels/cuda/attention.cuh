@@ -707,7 +707,8 @@ rope_attention_kernel(int rows, const DevStep st, const float* __restrict__ q, c
     for (int i = threadIdx.x; i < D; i += blockDim.x) sm_v[i] = v[(size_t(t) * HKV + g) * D + i];
     __syncthreads();
     const int64_t slot = st.slot_mapping[t];
-    if (slot >= 0 && ps.part == 0) {  // (the other parts take the row from shared memory)
+    if (slot >= 0 && ps.part == 0) {  // (the other parts take the row from shared memory; a load of its
+                                      // cache row racing with this write is discarded by the key loop)
         std::byte* base = kv + (slot / BS) * block_bytes;
         KVT* kd_out = reinterpret_cast<KVT*>(base + k_off) + (size_t(g) * BS + slot % BS) * D;
         KVT* vd_out = reinterpret_cast<KVT*>(base + v_off) + (size_t(g) * BS + slot % BS) * D;

@@ -15,7 +15,9 @@
 // the same way, y = acc * inv. The attention is rope_attention_kernel's (one query head's work):
 // the same rotation, the same K/V row written to the cache and read back, the same 16 warps over
 // the KV blocks (here spread over 4 blocks per head) with the same online softmax, merged in warp
-// order as merge_warps does (tests/cuda/cuda_model_test.cpp: CudaDecode1.KeepsTheBits).
+// order as merge_warps does (tests/cuda/cuda_model_test.cpp: CudaDecode1.KeepsTheBits). From 32
+// visible KV blocks on the launches split the context into parts (attention.cuh, "context split")
+// and this kernel does not: there its attention's bits differ from theirs.
 //
 // Ops, per layer: QKV (RMSNorm folded, grouped), attention (+ RoPE, KV append), o_proj + residual,
 // gate/up + SwiGLU (RMSNorm folded), down + residual; then the final RMSNorm + lm_head into the

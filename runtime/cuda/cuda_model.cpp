@@ -207,7 +207,7 @@ CudaGeneratedModel::CudaGeneratedModel(const ModelInfo& info, const WeightSet& w
     // and every launch leaves them so.
     if (attention_workspace_floats > 0) {
         SCR_CUDA(cudaMalloc(&m.attn_ws, size_t(attention_workspace_floats) * 4));
-        SCR_CUDA(cudaMemset(m.attn_ws, 0, size_t(attention_workspace_floats) * 4));
+        SCR_CUDA(cudaMemsetAsync(m.attn_ws, 0, size_t(attention_workspace_floats) * 4, m.stream));  // before every kernel of the model
     }
     SCR_CUDA(cudaMalloc(&m.sync, 4096));
     SCR_CUDA(cudaMemset(m.sync, 0, 4096));
