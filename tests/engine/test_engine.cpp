@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <mutex>
@@ -498,16 +499,25 @@ TEST(AsyncEngine, ConcurrentSubmitAbortAndDrain) {
 TEST(AsyncEngine, DrainTimeoutAbortsTheRest) {
     FakeModel model;
     std::atomic<int> aborted{0}, finals{0};
+    std::atomic<bool> draining{false};
     AsyncEngine engine(model, nullptr, config_with(300, 4, 8, 4));
     for (const Prompt& p : random_prompts(20, 97, 30, 5)) {
         Request r = greedy_request(p);
         r.params.max_tokens = 200;
         r.params.ignore_eos = true;
         engine.submit(r, [&](const RequestOutput& o) {
+            // The engine thread's first output holds it until drain() has been called, and then
+            // long enough for drain(0.0) to find it busy: the fake model could otherwise finish all
+            // 20 requests before the drain (it did once under a loaded parallel ctest), leaving none to abort.
+            if (!draining.load()) {
+                while (!draining.load()) std::this_thread::yield();
+                std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            }
             if (o.finish_reason == FinishReason::abort) ++aborted;
             if (o.finished()) ++finals;
         });
     }
+    draining = true;
     engine.drain(0.0);
     EXPECT_EQ(finals.load(), 20);
     EXPECT_GT(aborted.load(), 0);
