@@ -890,8 +890,9 @@ inline int attention_max_parts() {
     static const int v = [] {
         const char* e = std::getenv("SCR_CUDA_ATTN_PARTS");
         if (!e || !*e) return kAttentionMaxParts;
-        const int n = std::atoi(e);
-        if (n >= 1 && n <= kAttentionPartsLimit) return n;
+        char* end = nullptr;
+        const long n = std::strtol(e, &end, 10);
+        if (*end == '\0' && n >= 1 && n <= kAttentionPartsLimit) return int(n);
         std::fprintf(stderr, "SCR_CUDA_ATTN_PARTS=%s is not a part count in 1..%d; using %d\n", e, kAttentionPartsLimit, kAttentionMaxParts);
         return kAttentionMaxParts;
     }();
@@ -901,19 +902,14 @@ inline int attention_max_parts() {
 // The split for a decode launch of `rows` rows of `row_blocks` blocks each: where the model gave a
 // workspace (Ctx::attn_ws) and the launch takes the vector layout (attend_group_vec), else none.
 // A token's parts go to as many blocks as leave the launch within one wave of blocks on the SMs
-// (batch 1 of the Llamas: 32 query-head blocks x 4), the rest to one block in turn (the same bits:
-// a launch of more rows has fewer SMs to spare; 4x the blocks measured 5-7 % slower at 16 rows).
+// (batch 1 of the Llamas: 32 query-head blocks x 4), the rest to fewer blocks in turn (the same
+// bits: a launch of more rows has fewer SMs to spare; a block per part at 16 rows measured 6-7 %
+// slower on the 1B at 2k context, docs/CUDA.md "Session 26").
 template <int HQ, int HKV, int D, int BS, typename KVT>
 detail::AttnParts attention_parts_for(const Ctx& c, int rows, int row_blocks, bool vec) {
     if (!c.attn_ws || !vec || !detail::attend_vec_on<HQ / HKV, D, BS, KVT>() || rows > kAttentionPartsRows) return {};
-    static const int sms = [] {
-        int dev = 0, n = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-        return n;
-    }();
     const int max = attention_max_parts();
-    int blocks = std::clamp(sms / std::max(1, rows * row_blocks), 1, max);
+    int blocks = std::clamp(device_sm_count() / std::max(1, rows * row_blocks), 1, max);
     if (attention_part_blocks_override() >= 1) blocks = std::min(attention_part_blocks_override(), max);
     return {c.attn_ws, max, blocks, std::max(0, attention_parts_every_token_override())};
 }
@@ -962,10 +958,7 @@ inline int attention_split_max_blocks() {
     if (attention_split_override() >= 0) return attention_split_override();
     static const int blocks = [] {
         if (const char* e = std::getenv("SCR_CUDA_ATTN_SPLIT"); e && *e) return std::atoi(e);
-        int dev = 0, sms = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        return sms;
+        return device_sm_count();
     }();
     return blocks;
 }

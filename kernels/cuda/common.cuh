@@ -114,6 +114,18 @@ __device__ __forceinline__ void pdl_trigger() {
 // `env` (start / wait / loop) overrides `fallback`, for A/B runs; any other value is named on stderr
 // (an A/B run must not measure the default while believing it measures a variant) and ignored.
 enum class PdlTrigger : int { after_loop = 0, after_wait = 1, start = 2 };
+
+// The current device's SM count, read once (the launchers that size grids by it: attention's head
+// split and context split, the GEMV's persistent grid, the quantized kernels' waves); at least 1.
+inline int device_sm_count() {
+    static const int sms = [] {
+        int dev = 0, n = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+        return n > 0 ? n : 1;
+    }();
+    return sms;
+}
 inline PdlTrigger pdl_trigger_choice(const char* env, PdlTrigger fallback) {
     const char* e = std::getenv(env);
     if (!e || !*e) return fallback;

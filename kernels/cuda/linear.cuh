@@ -772,11 +772,9 @@ void launch_gemv_rw(const Ctx& c, const LinearParams& p, bool persistent = false
     int grid = tiles;
     if (persistent) {
         static const int resident = [=] {  // blocks of this kernel the GPU holds at once
-            int dev = 0, sms = 0, per_sm = 0;
-            cudaGetDevice(&dev);
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+            int per_sm = 0;
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvWarps * kWarp, 0);
-            return sms * (per_sm > 0 ? per_sm : 1);
+            return device_sm_count() * (per_sm > 0 ? per_sm : 1);
         }();
         // Many tiles per block (lm_head: ~15) measured slower than one tile per block
         // (docs/CUDA.md, session 4): walk tiles only where each block gets a few.

@@ -399,11 +399,9 @@ __global__ void __launch_bounds__(moe_row_warps<N>() * kWarp)
 // Blocks of `kernel` the GPU holds at once (block of `threads`).
 template <typename Kernel>
 int resident_blocks(Kernel kernel, int threads) {
-    int dev = 0, sms = 0, per_sm = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    int per_sm = 0;
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
-    return sms * (per_sm > 0 ? per_sm : 1);
+    return device_sm_count() * (per_sm > 0 ? per_sm : 1);
 }
 
 template <int K, int N, int TN, bool SWIGLU, int XDIV, int MAT>

@@ -1008,11 +1008,9 @@ void launch_quant_mma(const Ctx& c, const QuantFusedArgs& a) {
 template <class F, bool SWIGLU, bool NORM>
 int qmma_resident_warps() {
     static const int warps = [] {
-        int dev = 0, sms = 0, blocks = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        int blocks = 0;
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_mma_kernel<F, 1, SWIGLU, NORM>, kMmaMaxWarps * kWarp, 0);
-        return std::max(1, sms * blocks * kMmaMaxWarps);
+        return std::max(1, device_sm_count() * blocks * kMmaMaxWarps);
     }();
     return warps;
 }
@@ -1533,15 +1531,7 @@ int qsmem_blocks_per_sm(size_t smem) {
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_smem_kernel<F, TR, SWIGLU, NORM, PIPE>, kSWarps * kWarp, smem);
     return blocks;
 }
-inline int qsmem_sms() {
-    static const int sms = [] {
-        int dev = 0, n = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-        return std::max(1, n);
-    }();
-    return sms;
-}
+inline int qsmem_sms() { return device_sm_count(); }
 
 // The ring depth of the pipelined one-token-row launch (SCR_CUDA_QSTREAM, read once; tests set
 // qsmem_pipe_override()): unset or `auto` picks below, `0` runs the register path (no ring),

@@ -481,11 +481,9 @@ bool quant_mma1_fits(const QuantFusedArgs& a) {
 template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH, bool PRED>
 int qmma1_resident_warps() {
     static const int warps = [] {
-        int dev = 0, sms = 0, blocks = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        int blocks = 0;
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, PRED>, kMma1Warps * kWarp, 0);
-        return std::max(1, sms * blocks * kMma1Warps);
+        return std::max(1, device_sm_count() * blocks * kMma1Warps);
     }();
     return warps;
 }

@@ -229,6 +229,152 @@ int run_case(const Case& cs, cudaStream_t st, std::mt19937& rng) {
     return !ok;
 }
 
+// A decode step of one token per sequence (at the given prior lengths) for rope_attention: its
+// random K/V projections, KV slots and RoPE frequencies, and the device arrays for them (with
+// rotated q written to qrot by the unfused path).
+template <int HQ, int HKV, int D>
+struct RopeStep {
+    static constexpr int ROT = D;
+    Case cs;
+    Step<HQ, HKV, D> s;
+    DeviceStep<HQ, HKV, D> dev;
+    std::vector<float> k, v;
+    RopeFreqs<ROT / 2> f;
+    float *dk = nullptr, *dv = nullptr, *qrot = nullptr;
+    int64_t* dslots = nullptr;
+
+    static Case make_case(const char* name, const std::vector<int>& priors, int pad, int window, bool sinks) {
+        Case c{name, {}, pad, window, 0.0f, sinks};
+        for (int p : priors) c.seqs.push_back({p, 1});
+        return c;
+    }
+    RopeStep(const char* name, const std::vector<int>& priors, int pad, int window, bool sinks, cudaStream_t st, std::mt19937& rng)
+        : cs(make_case(name, priors, pad, window, sinks)), s(cs, rng), dev(s, cs, st) {
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        k.resize(size_t(s.rows) * HKV * D);
+        v.resize(k.size());
+        for (auto& x : k) x = nd(rng);
+        for (auto& x : v) x = nd(rng);
+        std::vector<int64_t> slots(size_t(s.rows), -1);
+        for (int r = 0; r < s.live; ++r) {
+            const int pos = s.positions[size_t(r)];
+            slots[size_t(r)] = int64_t(s.tables[size_t(s.seq_of[size_t(r)]) * s.stride + pos / BS]) * BS + pos % BS;
+        }
+        for (int i = 0; i < ROT / 2; ++i) f.inv_freq[i] = float(std::pow(500000.0, -2.0 * i / ROT));
+        dk = DeviceStep<HQ, HKV, D>::upload(k);
+        dv = DeviceStep<HQ, HKV, D>::upload(v);
+        dslots = DeviceStep<HQ, HKV, D>::upload(slots);
+        CK(cudaMalloc(&qrot, s.q.size() * 4));
+        dev.c.step.slot_mapping = dslots;
+        dev.c.one_token_per_seq = true;
+    }
+    ~RopeStep() {
+        for (void* p : {(void*)dk, (void*)dv, (void*)qrot, (void*)dslots}) cudaFree(p);
+    }
+    RopeStep(const RopeStep&) = delete;
+    RopeStep& operator=(const RopeStep&) = delete;
+
+    // One launch (fused, or rope_append + attention) on the step's original KV cache; its outputs
+    // and the KV cache after it.
+    void run(bool fused, std::vector<float>& out, std::vector<uint16_t>& kv_after, cudaStream_t st) {
+        const size_t kv_bytes = s.kv.size() * 2;
+        CK(cudaMemcpy(dev.kv, s.kv.data(), kv_bytes, cudaMemcpyHostToDevice));
+        CK(cudaMemset(dev.out, 0xff, s.q.size() * 4));
+        if (fused) {
+            rope_attention<HQ, HKV, D, ROT, BS, bf16_t>(dev.c, s.rows, dev.q, dk, dv, qrot, f, dev.kv, s.block_bytes, 0, s.v_off, s.scale, dev.out,
+                                                        dev.x);
+        } else {
+            rope_append<HQ, HKV, D, ROT, BS, bf16_t>(dev.c, s.rows, dev.q, dk, dv, qrot, f, dev.kv, s.block_bytes, 0, s.v_off);
+            attention<HQ, HKV, D, BS, bf16_t>(dev.c, s.rows, qrot, dev.kv, s.block_bytes, 0, s.v_off, s.scale, dev.out, dev.x);
+        }
+        CK(cudaGetLastError());
+        CK(cudaStreamSynchronize(st));
+        out.resize(s.q.size());
+        CK(cudaMemcpy(out.data(), dev.out, s.q.size() * 4, cudaMemcpyDeviceToHost));
+        kv_after.resize(s.kv.size());
+        CK(cudaMemcpy(kv_after.data(), dev.kv, kv_bytes, cudaMemcpyDeviceToHost));
+    }
+
+    // float64 attention of live row r, query head h, from the rotated q (q_rot, as the unfused path
+    // left it) over the KV cache as written (kv_after): ref[D] and the per-dim bound of the header.
+    void reference(const std::vector<float>& q_rot, const std::vector<uint16_t>& kv_after, int r, int h, std::vector<double>& ref,
+                   std::vector<double>& bound) const {
+        const int kvh = h / (HQ / HKV), seq = s.seq_of[size_t(r)], ctx = s.positions[size_t(r)] + 1;
+        const int first = cs.window > 0 ? std::max(0, ctx - cs.window) : 0;
+        auto kvv = [&](int which, int j, int d) {
+            const int block = s.tables[size_t(seq) * s.stride + j / BS];
+            return bf16_value(kv_after[size_t(block) * size_t(s.block_bytes / 2) + size_t(which) * size_t(s.v_off / 2) +
+                                       (size_t(kvh) * BS + j % BS) * D + d]);
+        };
+        const float* qr = &q_rot[(size_t(r) * HQ + h) * D];
+        const double sink = cs.sinks ? double(s.sinks[size_t(h)]) : -INFINITY;
+        std::vector<double> sc(size_t(ctx), -INFINITY), pv_abs(D, 0.0);
+        ref.assign(D, 0.0);
+        double mx = sink, qk_abs = 0;
+        for (int j = first; j < ctx; ++j) {
+            double dot = 0, a = 0;
+            for (int d = 0; d < D; ++d) {
+                dot += qr[d] * kvv(0, j, d);
+                a += std::fabs(qr[d] * kvv(0, j, d));
+            }
+            sc[size_t(j)] = dot * s.scale;
+            mx = std::max(mx, sc[size_t(j)]);
+            qk_abs = std::max(qk_abs, a * s.scale);
+        }
+        double z = cs.sinks ? std::exp(sink - mx) : 0.0;
+        for (int j = first; j < ctx; ++j) z += std::exp(sc[size_t(j)] - mx);
+        for (int j = first; j < ctx; ++j)
+            for (int d = 0; d < D; ++d) {
+                const double p = std::exp(sc[size_t(j)] - mx) / z;
+                ref[d] += p * kvv(1, j, d);
+                pv_abs[d] += p * std::fabs(kvv(1, j, d));
+            }
+        bound.resize(D);
+        for (int d = 0; d < D; ++d) bound[d] = 2e-5 * (1.0 + qk_abs) * pv_abs[d] + 1e-6;
+    }
+
+    // Counts the outputs of `got` outside the bound of reference() (printing the first 3 as `what`),
+    // raising worst to the largest err / bound of the others.
+    int check(const std::vector<float>& q_rot, const std::vector<uint16_t>& kv_after, const std::vector<float>& got, const char* what,
+              double& worst) const {
+        int bad = 0;
+        std::vector<double> ref, bound;
+        for (int r = 0; r < s.live; ++r)
+            for (int h = 0; h < HQ; ++h) {
+                reference(q_rot, kv_after, r, h, ref, bound);
+                for (int d = 0; d < D; ++d) {
+                    const double v = got[(size_t(r) * HQ + h) * D + d], err = std::fabs(v - ref[d]);
+                    if (!(err <= bound[d])) {
+                        if (bad++ < 3)
+                            std::printf("  %s: %s row %d head %d dim %d: got %.9g want %.9g (bound %.3g)\n", cs.name, what, r, h, d, v, ref[d],
+                                        bound[d]);
+                    } else {
+                        worst = std::max(worst, err / bound[d]);
+                    }
+                }
+            }
+        return bad;
+    }
+
+    // Graph padding rows of `out` that are not all 0 (each named).
+    int nonzero_padding(const std::vector<float>& out) const {
+        int bad = 0;
+        for (int r = s.live; r < s.rows; ++r)
+            for (int i = 0; i < HQ * D; ++i)
+                if (out[size_t(r) * HQ * D + i] != 0.0f) {
+                    ++bad;
+                    std::printf("  %s: padding row %d not 0\n", cs.name, r);
+                    break;
+                }
+        return bad;
+    }
+    std::vector<float> rotated_q() const {
+        std::vector<float> q_rot(s.q.size());
+        CK(cudaMemcpy(q_rot.data(), qrot, s.q.size() * 4, cudaMemcpyDeviceToHost));
+        return q_rot;
+    }
+};
+
 // Decode steps (one token per sequence, at most 64 rows): rope_attention's fused launch (RoPE, the
 // K/V append and attention in one kernel; with and without the per-head split) against
 // rope_append + attention, for the vector and the scalar key loops. The fused vector launch takes
@@ -237,29 +383,7 @@ int run_case(const Case& cs, cudaStream_t st, std::mt19937& rng) {
 // against a float64 reference built from the rotated q the unfused path leaves in q_out.
 template <int HQ, int HKV, int D>
 int run_rope_case(const char* name, const std::vector<int>& priors, int pad, int window, cudaStream_t st, std::mt19937& rng) {
-    constexpr int ROT = D;
-    Case cs{name, {}, pad, window};
-    for (int p : priors) cs.seqs.push_back({p, 1});
-    Step<HQ, HKV, D> s(cs, rng);
-    DeviceStep<HQ, HKV, D> dev(s, cs, st);
-    const int rows = s.rows;
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> k(size_t(rows) * HKV * D), v(k.size());
-    for (auto& x : k) x = nd(rng);
-    for (auto& x : v) x = nd(rng);
-    std::vector<int64_t> slots(size_t(rows), -1);
-    for (int r = 0; r < s.live; ++r) {
-        const int pos = s.positions[size_t(r)];
-        slots[size_t(r)] = int64_t(s.tables[size_t(s.seq_of[size_t(r)]) * s.stride + pos / BS]) * BS + pos % BS;
-    }
-    RopeFreqs<ROT / 2> f;
-    for (int i = 0; i < ROT / 2; ++i) f.inv_freq[i] = float(std::pow(500000.0, -2.0 * i / ROT));
-    float *dk = DeviceStep<HQ, HKV, D>::upload(k), *dv = DeviceStep<HQ, HKV, D>::upload(v), *qrot = nullptr;
-    int64_t* dslots = DeviceStep<HQ, HKV, D>::upload(slots);
-    CK(cudaMalloc(&qrot, s.q.size() * 4));
-    dev.c.step.slot_mapping = dslots;
-    dev.c.one_token_per_seq = true;
-    const size_t kv_bytes = s.kv.size() * 2;
+    RopeStep<HQ, HKV, D> rs(name, priors, pad, window, false, st, rng);
     std::vector<float> out[5];
     std::vector<uint16_t> kv_after[5];
     // runs: 0 fused split, 1 fused one block per group, 2 rope_append + attention (vector layout);
@@ -267,26 +391,10 @@ int run_rope_case(const char* name, const std::vector<int>& priors, int pad, int
     for (int run = 0; run < 5; ++run) {
         attention_vec_override() = run < 3 ? 1 : 0;
         attention_split_override() = run == 0 || run == 4 ? 1 << 20 : 0;
-        CK(cudaMemcpy(dev.kv, s.kv.data(), kv_bytes, cudaMemcpyHostToDevice));
-        CK(cudaMemset(dev.out, 0xff, s.q.size() * 4));
-        if (run < 2 || run == 4) {
-            rope_attention<HQ, HKV, D, ROT, BS, bf16_t>(dev.c, rows, dev.q, dk, dv, qrot, f, dev.kv, s.block_bytes, 0, s.v_off, s.scale, dev.out,
-                                                        dev.x);
-        } else {
-            rope_append<HQ, HKV, D, ROT, BS, bf16_t>(dev.c, rows, dev.q, dk, dv, qrot, f, dev.kv, s.block_bytes, 0, s.v_off);
-            attention<HQ, HKV, D, BS, bf16_t>(dev.c, rows, qrot, dev.kv, s.block_bytes, 0, s.v_off, s.scale, dev.out, dev.x);
-        }
-        CK(cudaGetLastError());
-        CK(cudaStreamSynchronize(st));
-        out[run].resize(s.q.size());
-        CK(cudaMemcpy(out[run].data(), dev.out, s.q.size() * 4, cudaMemcpyDeviceToHost));
-        kv_after[run].resize(s.kv.size());
-        CK(cudaMemcpy(kv_after[run].data(), dev.kv, kv_bytes, cudaMemcpyDeviceToHost));
+        rs.run(run < 2 || run == 4, out[run], kv_after[run], st);
     }
     attention_vec_override() = -1;
     attention_split_override() = -1;
-    std::vector<float> q_rot(s.q.size());
-    CK(cudaMemcpy(q_rot.data(), qrot, s.q.size() * 4, cudaMemcpyDeviceToHost));
     int bad = 0;
     for (int run : {0, 1, 4}) {
         const int ref = run == 4 ? 3 : 2;
@@ -302,66 +410,87 @@ int run_rope_case(const char* name, const std::vector<int>& priors, int pad, int
         }
     }
     // float64 reference from the rotated q and the KV cache as written
+    const std::vector<float> q_rot = rs.rotated_q();
     double worst[2] = {0, 0};
-    int bad_ref[2] = {0, 0};
-    for (int r = 0; r < s.live; ++r)
-        for (int h = 0; h < HQ; ++h) {
-            const int kvh = h / (HQ / HKV), seq = s.seq_of[size_t(r)], ctx = s.positions[size_t(r)] + 1;
-            const int first = window > 0 ? std::max(0, ctx - window) : 0;
-            auto kvv = [&](int which, int j, int d) {
-                const int block = s.tables[size_t(seq) * s.stride + j / BS];
-                return bf16_value(kv_after[2][size_t(block) * size_t(s.block_bytes / 2) + size_t(which) * size_t(s.v_off / 2) +
-                                              (size_t(kvh) * BS + j % BS) * D + d]);
-            };
-            const float* qr = &q_rot[(size_t(r) * HQ + h) * D];
-            std::vector<double> sc(size_t(ctx), -INFINITY), ref(D, 0.0), pv_abs(D, 0.0);
-            double mx = -INFINITY, qk_abs = 0, z = 0;
-            for (int j = first; j < ctx; ++j) {
-                double dot = 0, a = 0;
-                for (int d = 0; d < D; ++d) {
-                    dot += qr[d] * kvv(0, j, d);
-                    a += std::fabs(qr[d] * kvv(0, j, d));
-                }
-                sc[size_t(j)] = dot * s.scale;
-                mx = std::max(mx, sc[size_t(j)]);
-                qk_abs = std::max(qk_abs, a * s.scale);
-            }
-            for (int j = first; j < ctx; ++j) z += std::exp(sc[size_t(j)] - mx);
-            for (int j = first; j < ctx; ++j)
-                for (int d = 0; d < D; ++d) {
-                    const double p = std::exp(sc[size_t(j)] - mx) / z;
-                    ref[d] += p * kvv(1, j, d);
-                    pv_abs[d] += p * std::fabs(kvv(1, j, d));
-                }
-            for (int d = 0; d < D; ++d) {
-                const double bound = 2e-5 * (1.0 + qk_abs) * pv_abs[d] + 1e-6;
-                for (int path = 0; path < 2; ++path) {
-                    const double got = out[path == 0 ? 1 : 3][(size_t(r) * HQ + h) * D + d];
-                    const double err = std::fabs(got - ref[d]);
-                    if (!(err <= bound)) {
-                        if (bad_ref[path]++ < 3)
-                            std::printf("  %s: %s row %d head %d dim %d: got %.9g want %.9g (bound %.3g)\n", name, path ? "scalar" : "vector", r, h,
-                                        d, got, ref[d], bound);
-                    } else {
-                        worst[path] = std::max(worst[path], err / bound);
-                    }
-                }
-            }
-        }
-    for (int r = s.live; r < rows; ++r)  // graph padding rows come out 0
-        for (int i = 0; i < HQ * D; ++i)
-            if (out[0][size_t(r) * HQ * D + i] != 0.0f || out[1][size_t(r) * HQ * D + i] != 0.0f) {
-                ++bad;
-                std::printf("  %s: padding row %d not 0\n", name, r);
-                break;
-            }
+    const int bad_ref[2] = {rs.check(q_rot, kv_after[2], out[1], "vector", worst[0]), rs.check(q_rot, kv_after[2], out[3], "scalar", worst[1])};
+    bad += rs.nonzero_padding(out[0]) + rs.nonzero_padding(out[1]);  // graph padding rows come out 0
     bad += bad_ref[0] + bad_ref[1];
     std::printf("%s %s (H %d/%d, D %d, %d rows): fused == rope_append + attention (vector split / not, scalar split) %s; vs float64: "
                 "vector %s (%.2e), "
                 "scalar %s (%.2e)\n",
-                bad ? "FAIL" : "ok  ", name, HQ, HKV, D, rows, bad > bad_ref[0] + bad_ref[1] ? "NO" : "yes", bad_ref[0] ? "FAIL" : "pass", worst[0],
-                bad_ref[1] ? "FAIL" : "pass", worst[1]);
-    for (void* p : {(void*)dk, (void*)dv, (void*)qrot, (void*)dslots}) cudaFree(p);
+                bad ? "FAIL" : "ok  ", name, HQ, HKV, D, rs.s.rows, bad > bad_ref[0] + bad_ref[1] ? "NO" : "yes", bad_ref[0] ? "FAIL" : "pass",
+                worst[0], bad_ref[1] ? "FAIL" : "pass", worst[1]);
+    return bad ? 1 : 0;
+}
+
+// Decode steps with long contexts and the context split on (a workspace in the Ctx, as the model
+// gives): the fused launch with and without the head split, with a token's parts on one block each,
+// all on one block, or three blocks sharing them, and rope_append + attention must agree bit for
+// bit (outputs and KV rows: a head's bits depend on its context only), also when run again (the
+// tickets come back to zero), and against float64 with the bound above, at `parts` most parts. The
+// same step without the split (the single-block merge) must stay within the bound too.
+template <int HQ, int HKV, int D>
+int run_parts_case(const char* name, const std::vector<int>& priors, int pad, int window, bool sinks, int parts, cudaStream_t st,
+                   std::mt19937& rng) {
+    RopeStep<HQ, HKV, D> rs(name, priors, pad, window, sinks, st, rng);
+    float* ws = nullptr;
+    const int64_t ws_floats = attention_workspace_floats(HQ, D);
+    CK(cudaMalloc(&ws, size_t(ws_floats) * 4));
+    CK(cudaMemset(ws, 0, size_t(ws_floats) * 4));
+    // runs, all with the split: 0 fused + head split, a block per part; 1 fused, one block per group
+    // taking all parts in turn; 2 rope_append + attention, two blocks sharing the parts; 3 = run 0
+    // again (the tickets reused); 4 fused + head split, three blocks sharing the parts;
+    // then 5: fused + head split without the split
+    constexpr int kRuns = 6;
+    const int blocks[kRuns] = {parts, 1, 2, parts, 3, 1};
+    std::vector<float> out[kRuns];
+    std::vector<uint16_t> kv_after[kRuns];
+    attention_vec_override() = 1;
+    attention_parts_override() = parts;
+    for (int run = 0; run < kRuns; ++run) {
+        attention_split_override() = run == 1 ? 0 : 1 << 20;
+        attention_part_blocks_override() = blocks[run];
+        rs.dev.c.attn_ws = run == 5 ? nullptr : ws;
+        rs.run(run != 2, out[run], kv_after[run], st);
+    }
+    attention_vec_override() = -1;
+    attention_split_override() = -1;
+    attention_parts_override() = -1;
+    attention_part_blocks_override() = -1;
+    int bad = 0;
+    for (int run : {1, 2, 3, 4}) {
+        size_t n = 0;
+        for (size_t i = 0; i < out[0].size(); ++i) n += std::memcmp(&out[run][i], &out[0][i], 4) != 0;
+        if (n || kv_after[run] != kv_after[0]) {
+            ++bad;
+            std::printf("  %s: run %d vs the fused launch, a block per part: %zu of %zu outputs differ, KV %s\n", name, run, n, out[0].size(),
+                        kv_after[run] != kv_after[0] ? "differs" : "same");
+        }
+    }
+    std::vector<unsigned> tickets(size_t(kAttentionPartsRows) * HQ);
+    CK(cudaMemcpy(tickets.data(), ws, tickets.size() * 4, cudaMemcpyDeviceToHost));
+    CK(cudaFree(ws));
+    for (unsigned t : tickets)
+        if (t != 0) {
+            ++bad;
+            std::printf("  %s: a ticket is %u after the launches, not 0\n", name, t);
+            break;
+        }
+    int most_parts = 1;
+    for (int r = 0; r < rs.s.live; ++r) {
+        const int ctx = rs.s.positions[size_t(r)] + 1, first = window > 0 ? std::max(0, ctx - window) : 0;
+        most_parts = std::max(most_parts, attention_parts((ctx + BS - 1) / BS - first / BS, 16, parts));
+    }
+    const std::vector<float> q_rot = rs.rotated_q();
+    double worst[2] = {0, 0};
+    const int bad_ref[2] = {rs.check(q_rot, kv_after[0], out[0], "split", worst[0]), rs.check(q_rot, kv_after[0], out[5], "no split", worst[1])};
+    bad += rs.nonzero_padding(out[0]);  // graph padding rows come out 0
+    bad += bad_ref[0] + bad_ref[1];
+    std::printf("%s %s (H %d/%d, D %d, %d rows, up to %d parts): a block per part == all on one block == unfused, two blocks == again == "
+                "three blocks %s; vs float64: "
+                "split %s (%.2e), no split %s (%.2e)\n",
+                bad ? "FAIL" : "ok  ", name, HQ, HKV, D, rs.s.rows, most_parts, bad > bad_ref[0] + bad_ref[1] ? "NO" : "yes",
+                bad_ref[0] ? "FAIL" : "pass", worst[0], bad_ref[1] ? "FAIL" : "pass", worst[1]);
     return bad ? 1 : 0;
 }
 
@@ -393,161 +522,6 @@ void time_chunk(cudaStream_t st, std::mt19937& rng) {
 }
 
 }  // namespace
-
-// Decode steps with long contexts and the context split on (a workspace in the Ctx, as the model
-// gives): the fused launch with and without the head split, with a token's parts on one block each,
-// all on one block, or three blocks sharing them, and rope_append + attention must agree bit for
-// bit (outputs and KV rows: a head's bits depend on its context only), also when run again (the
-// tickets come back to zero), and against float64 with the bound above, at `parts` most parts. The
-// same step without the split (the single-block merge) must stay within the bound too.
-template <int HQ, int HKV, int D>
-int run_parts_case(const char* name, const std::vector<int>& priors, int pad, int window, bool sinks, int parts, cudaStream_t st,
-                   std::mt19937& rng) {
-    constexpr int ROT = D;
-    Case cs{name, {}, pad, window, 0.0f, sinks};
-    for (int p : priors) cs.seqs.push_back({p, 1});
-    Step<HQ, HKV, D> s(cs, rng);
-    DeviceStep<HQ, HKV, D> dev(s, cs, st);
-    const int rows = s.rows;
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> k(size_t(rows) * HKV * D), v(k.size());
-    for (auto& x : k) x = nd(rng);
-    for (auto& x : v) x = nd(rng);
-    std::vector<int64_t> slots(size_t(rows), -1);
-    for (int r = 0; r < s.live; ++r) {
-        const int pos = s.positions[size_t(r)];
-        slots[size_t(r)] = int64_t(s.tables[size_t(s.seq_of[size_t(r)]) * s.stride + pos / BS]) * BS + pos % BS;
-    }
-    RopeFreqs<ROT / 2> f;
-    for (int i = 0; i < ROT / 2; ++i) f.inv_freq[i] = float(std::pow(500000.0, -2.0 * i / ROT));
-    float *dk = DeviceStep<HQ, HKV, D>::upload(k), *dv = DeviceStep<HQ, HKV, D>::upload(v), *qrot = nullptr, *ws = nullptr;
-    int64_t* dslots = DeviceStep<HQ, HKV, D>::upload(slots);
-    CK(cudaMalloc(&qrot, s.q.size() * 4));
-    const int64_t ws_floats = attention_workspace_floats(HQ, D);
-    CK(cudaMalloc(&ws, size_t(ws_floats) * 4));
-    CK(cudaMemset(ws, 0, size_t(ws_floats) * 4));
-    dev.c.step.slot_mapping = dslots;
-    dev.c.one_token_per_seq = true;
-    const size_t kv_bytes = s.kv.size() * 2;
-    // runs, all with the split: 0 fused + head split, a block per part; 1 fused, one block per group
-    // taking all parts in turn; 2 rope_append + attention, two blocks sharing the parts; 3 = run 0
-    // again (the tickets reused); 4 fused + head split, three blocks sharing the parts;
-    // then 5: fused + head split without the split
-    constexpr int kRuns = 6;
-    const int blocks[kRuns] = {parts, 1, 2, parts, 3, 1};
-    std::vector<float> out[kRuns];
-    std::vector<uint16_t> kv_after[kRuns];
-    attention_vec_override() = 1;
-    attention_parts_override() = parts;
-    for (int run = 0; run < kRuns; ++run) {
-        attention_split_override() = run == 1 ? 0 : 1 << 20;
-        attention_part_blocks_override() = blocks[run];
-        dev.c.attn_ws = run == 5 ? nullptr : ws;
-        CK(cudaMemcpy(dev.kv, s.kv.data(), kv_bytes, cudaMemcpyHostToDevice));
-        CK(cudaMemset(dev.out, 0xff, s.q.size() * 4));
-        if (run != 2) {
-            rope_attention<HQ, HKV, D, ROT, BS, bf16_t>(dev.c, rows, dev.q, dk, dv, qrot, f, dev.kv, s.block_bytes, 0, s.v_off, s.scale, dev.out,
-                                                        dev.x);
-        } else {
-            rope_append<HQ, HKV, D, ROT, BS, bf16_t>(dev.c, rows, dev.q, dk, dv, qrot, f, dev.kv, s.block_bytes, 0, s.v_off);
-            attention<HQ, HKV, D, BS, bf16_t>(dev.c, rows, qrot, dev.kv, s.block_bytes, 0, s.v_off, s.scale, dev.out, dev.x);
-        }
-        CK(cudaGetLastError());
-        CK(cudaStreamSynchronize(st));
-        out[run].resize(s.q.size());
-        CK(cudaMemcpy(out[run].data(), dev.out, s.q.size() * 4, cudaMemcpyDeviceToHost));
-        kv_after[run].resize(s.kv.size());
-        CK(cudaMemcpy(kv_after[run].data(), dev.kv, kv_bytes, cudaMemcpyDeviceToHost));
-    }
-    attention_vec_override() = -1;
-    attention_split_override() = -1;
-    attention_parts_override() = -1;
-    attention_part_blocks_override() = -1;
-    int bad = 0;
-    for (int run : {1, 2, 3, 4}) {
-        size_t n = 0;
-        for (size_t i = 0; i < out[0].size(); ++i) n += std::memcmp(&out[run][i], &out[0][i], 4) != 0;
-        if (n || kv_after[run] != kv_after[0]) {
-            ++bad;
-            std::printf("  %s: run %d vs the fused launch, a block per part: %zu of %zu outputs differ, KV %s\n", name, run, n, out[0].size(),
-                        kv_after[run] != kv_after[0] ? "differs" : "same");
-        }
-    }
-    std::vector<unsigned> tickets(size_t(kAttentionPartsRows) * HQ);
-    CK(cudaMemcpy(tickets.data(), ws, tickets.size() * 4, cudaMemcpyDeviceToHost));
-    for (unsigned t : tickets)
-        if (t != 0) {
-            ++bad;
-            std::printf("  %s: a ticket is %u after the launches, not 0\n", name, t);
-            break;
-        }
-    std::vector<float> q_rot(s.q.size());
-    CK(cudaMemcpy(q_rot.data(), qrot, s.q.size() * 4, cudaMemcpyDeviceToHost));
-    double worst[2] = {0, 0};
-    int bad_ref[2] = {0, 0}, most_parts = 1;
-    for (int r = 0; r < s.live; ++r) {
-        const int ctx = s.positions[size_t(r)] + 1, first = window > 0 ? std::max(0, ctx - window) : 0;
-        most_parts = std::max(most_parts, attention_parts((ctx + BS - 1) / BS - first / BS, 16, parts));
-        for (int h = 0; h < HQ; ++h) {
-            const int kvh = h / (HQ / HKV), seq = s.seq_of[size_t(r)];
-            auto kvv = [&](int which, int j, int d) {
-                const int block = s.tables[size_t(seq) * s.stride + j / BS];
-                return bf16_value(kv_after[0][size_t(block) * size_t(s.block_bytes / 2) + size_t(which) * size_t(s.v_off / 2) +
-                                              (size_t(kvh) * BS + j % BS) * D + d]);
-            };
-            const float* qr = &q_rot[(size_t(r) * HQ + h) * D];
-            std::vector<double> sc(size_t(ctx), -INFINITY), ref(D, 0.0), pv_abs(D, 0.0);
-            double mx = sinks ? double(s.sinks[size_t(h)]) : -INFINITY, qk_abs = 0;
-            for (int j = first; j < ctx; ++j) {
-                double dot = 0, a = 0;
-                for (int d = 0; d < D; ++d) {
-                    dot += qr[d] * kvv(0, j, d);
-                    a += std::fabs(qr[d] * kvv(0, j, d));
-                }
-                sc[size_t(j)] = dot * s.scale;
-                mx = std::max(mx, sc[size_t(j)]);
-                qk_abs = std::max(qk_abs, a * s.scale);
-            }
-            double z = sinks ? std::exp(double(s.sinks[size_t(h)]) - mx) : 0.0;
-            for (int j = first; j < ctx; ++j) z += std::exp(sc[size_t(j)] - mx);
-            for (int j = first; j < ctx; ++j)
-                for (int d = 0; d < D; ++d) {
-                    const double p = std::exp(sc[size_t(j)] - mx) / z;
-                    ref[d] += p * kvv(1, j, d);
-                    pv_abs[d] += p * std::fabs(kvv(1, j, d));
-                }
-            for (int d = 0; d < D; ++d) {
-                const double bound = 2e-5 * (1.0 + qk_abs) * pv_abs[d] + 1e-6;
-                for (int path = 0; path < 2; ++path) {
-                    const double got = out[path == 0 ? 0 : 5][(size_t(r) * HQ + h) * D + d];
-                    const double err = std::fabs(got - ref[d]);
-                    if (!(err <= bound)) {
-                        if (bad_ref[path]++ < 3)
-                            std::printf("  %s: %s row %d head %d dim %d: got %.9g want %.9g (bound %.3g)\n", name, path ? "no split" : "split", r,
-                                        h, d, got, ref[d], bound);
-                    } else {
-                        worst[path] = std::max(worst[path], err / bound);
-                    }
-                }
-            }
-        }
-    }
-    for (int r = s.live; r < rows; ++r)  // graph padding rows come out 0
-        for (int i = 0; i < HQ * D; ++i)
-            if (out[0][size_t(r) * HQ * D + i] != 0.0f) {
-                ++bad;
-                std::printf("  %s: padding row %d not 0\n", name, r);
-                break;
-            }
-    bad += bad_ref[0] + bad_ref[1];
-    std::printf("%s %s (H %d/%d, D %d, %d rows, up to %d parts): a block per part == all on one block == unfused, two blocks == again == "
-                "three blocks %s; vs float64: "
-                "split %s (%.2e), no split %s (%.2e)\n",
-                bad ? "FAIL" : "ok  ", name, HQ, HKV, D, rows, most_parts, bad > bad_ref[0] + bad_ref[1] ? "NO" : "yes",
-                bad_ref[0] ? "FAIL" : "pass", worst[0], bad_ref[1] ? "FAIL" : "pass", worst[1]);
-    for (void* p : {(void*)dk, (void*)dv, (void*)qrot, (void*)dslots, (void*)ws}) cudaFree(p);
-    return bad ? 1 : 0;
-}
 
 int main(int argc, char** argv) try {
     if (scr::test_cuda::no_gpu()) return scr::test_cuda::kSkipped;
