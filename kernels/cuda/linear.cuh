@@ -2,12 +2,12 @@
 // layout (f32 / bf16 / f16), x and y float32, accumulation in float32.
 //
 // Paths, chosen per launch by the number of token rows (docs/CUDA.md has the measurements):
-//  * 1-8 rows (bf16; any rows up to 64 for f32/f16 weights): a GEMV that streams every weight row
+//  * 1-2 rows (bf16; any rows up to 64 for f32/f16 weights): a GEMV that streams every weight row
 //    once with 16-byte loads, one warp (or KSPLIT warps along K) per 1-4 weight rows (x loaded once
 //    for all of them), up to 8 rows of x at once, a grid of what fits on the GPU. It can fold a preceding RMSNorm (x is normalized on the fly: y = inv_rms *
 //    (x*w_norm)W^T, the sum of squares accumulated in the same pass), a grouped launch of up to
 //    three matrices that read the same x (Q, K, V), and SwiGLU (silu(x Wg^T) * (x Wu^T)).
-//  * 9-32 rows, bf16: the MMA linear (tensor cores, weights as the A operand, x as bf16 hi + lo),
+//  * 3-32 rows, bf16: the MMA linear (tensor cores, weights as the A operand, x as bf16 hi + lo),
 //    with the same fusions.
 //  * from 33 rows, bf16: cuBLASLt (runtime/cuda/prefill_gemm.hpp), x again as hi + lo; our tiled
 //    tensor-core GEMM when cuBLASLt declines; other weight types take a plain float32 tiled GEMM.
@@ -803,13 +803,17 @@ inline bool mma_linear_on() {
     static const bool on = !env_is("SCR_CUDA_LINEAR", "simt");
     return on;
 }
-// Token rows the MMA linear takes by default: from 9 up to cuBLASLt's threshold
-// (cuda_rt::cublas_min_rows(), 33). At 1..8 rows the float32 GEMV, whose many small blocks keep
-// more weight bytes in flight, is faster; from the threshold, cuBLASLt (docs/CUDA.md has the A/B
-// runs). SCR_CUDA_LINEAR=mma sends 1..8 rows to the MMA linear too.
-constexpr int kMmaMinRows = 9, kMmaMaxRows = 256;
+// Token rows the MMA linear takes by default: from 3 up to cuBLASLt's threshold
+// (cuda_rt::cublas_min_rows(), 33). At 1-2 rows the float32 GEMV, whose many small blocks keep more
+// weight bytes in flight, is faster at batch 1 (8B: 243 against 205 tok/s; at 2 rows the 1B gains
+// 5 %, the 8B loses 7 %); from 3 rows its float32 work per weight grows with the rows and it falls
+// far below bandwidth (8B batch 4: 454 against 797 tok/s, batch 8: 417 against 1,530; docs/CUDA.md
+// "Session 26"). From the threshold, cuBLASLt.
+// SCR_CUDA_LINEAR=mma sends 1-2 rows to the MMA linear too; SCR_CUDA_LINEAR=gemv-to-8 keeps 3-8 rows on
+// the GEMV, the regime before session 27 (for A/B runs only: the attention split stays at 1-2 rows).
+constexpr int kMmaMinRows = kGemvRegimeRows + 1, kMmaMaxRows = 256;
 inline int mma_min_rows() {
-    static const int n = env_is("SCR_CUDA_LINEAR", "mma") ? 1 : kMmaMinRows;
+    static const int n = env_is("SCR_CUDA_LINEAR", "mma") ? 1 : env_is("SCR_CUDA_LINEAR", "gemv-to-8") ? 9 : kMmaMinRows;
     return n;
 }
 inline bool mma_prefill_on() {

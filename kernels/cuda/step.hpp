@@ -80,6 +80,12 @@ inline int& decode1_override() {
     return v;
 }
 
+// Decode rows whose bf16 linears run the GEMV (kernels/cuda/linear.cuh: kMmaMinRows is one more);
+// the MMA linear takes 3-32 rows. Within each of the two regimes a sequence's bits do not depend on
+// the batch (the decode attention's context split keeps to the first: kAttentionPartsRows). Plain
+// C++ so that host tests can tell which regime a step's graph bucket falls in.
+constexpr int kGemvRegimeRows = 2;
+
 struct DevStep {
     const int32_t* header = nullptr;        // [kHeaderInts]
     const int32_t* token_ids = nullptr;     // [launch rows]; padding rows hold 0

@@ -94,35 +94,38 @@ INSTANTIATE_TEST_SUITE_P(Cuda, Fixture,
                              return s;
                          });
 
-// Three sequences of different lengths decoding in one step (bucket 4, one padding row) give the
-// logits each gets alone. With `seqs` > 3, that many sequences of made-up prompts (1-19 tokens).
-std::vector<float> batched_equals_alone(const std::string& fixture, const std::string& quant, int seqs = 3) {
-    auto lm = load_model((kFixtures / fixture).string(), LoadOptions{.quant = quant, .load_text = false});
-    CompiledModel& m = *lm.model;
-    const ModelInfo& info = m.info();
-    const int V = info.vocab_size, bs = info.block_size;
-    std::vector<std::vector<int32_t>> prompts = {{5, 9, 2, 7}, {11, 3, 3, 3, 3, 3, 8, 1, 4, 4, 4, 4, 4, 4, 4, 4, 9, 1, 2}, {17}};
-    std::vector<int32_t> next = {6, 12, 30};
+// Sequences with made-up prompts: three fixed ones (4, 19 and 1 tokens), then generated ones of
+// 1-19 tokens; `next` is each one's decode token.
+struct DecodeSeqs {
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<int32_t> next;
+};
+DecodeSeqs make_seqs(int V, int seqs) {
+    DecodeSeqs d{{{5, 9, 2, 7}, {11, 3, 3, 3, 3, 3, 8, 1, 4, 4, 4, 4, 4, 4, 4, 4, 9, 1, 2}, {17}}, {6, 12, 30}};
     for (int s = 3; s < seqs; ++s) {
-        prompts.emplace_back();
-        for (int i = 0; i < 1 + (s * 7) % 19; ++i) prompts.back().push_back(1 + (s * 13 + i * 5) % (V - 1));
-        next.push_back(2 + (s * 11) % (V - 2));
+        d.prompts.emplace_back();
+        for (int i = 0; i < 1 + (s * 7) % 19; ++i) d.prompts.back().push_back(1 + (s * 13 + i * 5) % (V - 1));
+        d.next.push_back(2 + (s * 11) % (V - 2));
     }
-    std::vector<std::vector<float>> alone;
-    for (size_t s = 0; s < prompts.size(); ++s) {
-        SequenceRunner r(m, 64);
-        r.feed(prompts[s]);
-        alone.push_back(r.feed(std::span<const int32_t>(&next[s], 1)));
-    }
-    // Batched: each sequence prefilled alone into its own blocks of one pool, then one decode step.
-    const int per = 4, S = int(prompts.size());
+    d.prompts.resize(size_t(seqs));
+    d.next.resize(size_t(seqs));
+    return d;
+}
+
+// The sequences `order` names, each prefilled alone into its own blocks of one pool (blocks in no
+// particular order), then decoding together in one step, in that order: the logits of each (by
+// its place in `order`). The step runs twice (its graph captured, then replayed), with the same bits.
+std::vector<std::vector<float>> decode_together(CompiledModel& m, const DecodeSeqs& d, const std::vector<int>& order) {
+    const int V = m.info().vocab_size, bs = m.info().block_size;
+    const int per = 4, S = int(order.size());
     std::vector<std::byte> anchor(16);
     KvPool pool{anchor.data(), S * per};
     std::vector<int32_t> tables(size_t(S) * per);
     std::iota(tables.begin(), tables.end(), 0);
-    std::reverse(tables.begin(), tables.end());  // blocks in no particular order
+    std::reverse(tables.begin(), tables.end());
     for (int s = 0; s < S; ++s) {
-        const int n = int(prompts[s].size());
+        const std::vector<int32_t>& prompt = d.prompts[size_t(order[s])];
+        const int n = int(prompt.size());
         std::vector<int32_t> pos(n);
         std::vector<int64_t> slots(n);
         for (int i = 0; i < n; ++i) {
@@ -132,7 +135,7 @@ std::vector<float> batched_equals_alone(const std::string& fixture, const std::s
         int32_t qs[2] = {0, n}, len = n;
         StepBatch b;
         b.num_tokens = n;
-        b.token_ids = prompts[s].data();
+        b.token_ids = prompt.data();
         b.positions = pos.data();
         b.slot_mapping = slots.data();
         b.num_seqs = 1;
@@ -142,15 +145,16 @@ std::vector<float> batched_equals_alone(const std::string& fixture, const std::s
         b.block_table_stride = per;
         m.forward(b, pool, nullptr);
     }
-    std::vector<int32_t> pos(S), qs(S + 1), lens(S), rows(S);
+    std::vector<int32_t> pos(S), qs(S + 1), lens(S), rows(S), next(S);
     std::vector<int64_t> slots(S);
     for (int s = 0; s < S; ++s) {
-        const int p = int(prompts[s].size());
+        const int p = int(d.prompts[size_t(order[s])].size());
         pos[s] = p;
         lens[s] = p + 1;
         slots[s] = int64_t(tables[size_t(s) * per + p / bs]) * bs + p % bs;
         qs[s] = s;
         rows[s] = s;
+        next[s] = d.next[size_t(order[s])];
     }
     qs[S] = S;
     StepBatch b;
@@ -165,26 +169,69 @@ std::vector<float> batched_equals_alone(const std::string& fixture, const std::s
     b.block_table_stride = per;
     b.num_logits = S;
     b.logit_rows = rows.data();
-    std::vector<float> logits(size_t(S) * V);
-    for (int rep = 0; rep < 2; ++rep) {  // captured graph, then its replay
-        m.forward(b, pool, logits.data());
-        for (int s = 0; s < S; ++s)
-            for (int v = 0; v < V; ++v)
-                EXPECT_EQ(logits[size_t(s) * V + v], alone[s][size_t(v)]) << fixture << "/" << quant << " seq " << s << " vocab " << v;
+    std::vector<float> first(size_t(S) * V), again(size_t(S) * V);
+    m.forward(b, pool, first.data());
+    m.forward(b, pool, again.data());
+    EXPECT_EQ(std::memcmp(first.data(), again.data(), first.size() * 4), 0) << "a decode step's graph replay differs from its first run";
+    std::vector<std::vector<float>> out(static_cast<size_t>(S));
+    for (int s = 0; s < S; ++s) out[size_t(s)].assign(first.begin() + ptrdiff_t(s) * V, first.begin() + ptrdiff_t(s + 1) * V);
+    return out;
+}
+
+// `seqs` sequences of different lengths decoding in one step (a padded graph bucket) give, bit for
+// bit, what batch invariance promises (kernels/cuda/step.hpp: kGemvRegimeRows):
+//  * in the GEMV's regime (f32 weights at any decode row count; bf16 buckets of 1-2 rows): the
+//    logits each sequence gets decoded alone;
+//  * bf16 buckets of 3-32 rows (the MMA linears): the logits each gets in another batch of that
+//    regime, twice the rows (a larger bucket) with the sequences in reverse order among others.
+// Returns the step's logits, [seq][vocab].
+std::vector<float> batched_keeps_the_bits(const std::string& fixture, const std::string& quant, int seqs = 3) {
+    auto lm = load_model((kFixtures / fixture).string(), LoadOptions{.quant = quant, .load_text = false});
+    CompiledModel& m = *lm.model;
+    const int V = m.info().vocab_size;
+    int bucket = 1;
+    while (bucket < seqs) bucket *= 2;
+    const bool gemv_regime = quant != "bf16" || bucket <= kernels::cuda::kGemvRegimeRows;
+    const DecodeSeqs d = make_seqs(V, gemv_regime ? seqs : 2 * seqs);
+    std::vector<int> order(static_cast<size_t>(seqs));
+    std::iota(order.begin(), order.end(), 0);
+    const std::vector<std::vector<float>> batched = decode_together(m, d, order);
+    std::vector<std::vector<float>> ref(static_cast<size_t>(seqs));
+    if (gemv_regime) {
+        for (int s = 0; s < seqs; ++s) {
+            SequenceRunner r(m, 64);
+            r.feed(d.prompts[size_t(s)]);
+            ref[size_t(s)] = r.feed(std::span<const int32_t>(&d.next[size_t(s)], 1));
+        }
+    } else {
+        std::vector<int> other(size_t(2 * seqs));
+        std::iota(other.rbegin(), other.rend(), 0);  // 2 seqs - 1, ..., 0: sequence s at row 2 seqs - 1 - s
+        const std::vector<std::vector<float>> o = decode_together(m, d, other);
+        for (int s = 0; s < seqs; ++s) ref[size_t(s)] = o[size_t(2 * seqs - 1 - s)];
+    }
+    std::vector<float> logits;
+    for (int s = 0; s < seqs; ++s) {
+        size_t differ = 0;
+        for (int v = 0; v < V; ++v) differ += std::memcmp(&batched[size_t(s)][size_t(v)], &ref[size_t(s)][size_t(v)], 4) != 0;
+        EXPECT_EQ(differ, 0u) << fixture << "/" << quant << " seq " << s << " of " << seqs << ": " << differ << " logits differ from "
+                              << (gemv_regime ? "the sequence decoded alone" : "the same sequence in a batch of twice the rows");
+        logits.insert(logits.end(), batched[size_t(s)].begin(), batched[size_t(s)].end());
     }
     return logits;
 }
 
 TEST(CudaBatch, DecodeStepEqualsAloneF32) {
     REQUIRE_GPU();
-    batched_equals_alone("LlamaForCausalLM", "f32");
-    batched_equals_alone("Qwen3MoeForCausalLM", "f32");
+    batched_keeps_the_bits("LlamaForCausalLM", "f32");
+    batched_keeps_the_bits("Qwen3MoeForCausalLM", "f32");
 }
 
-TEST(CudaBatch, DecodeStepEqualsAloneBf16) {
+// bf16: both regimes of the linears (2 rows: the GEMV, against each alone; 3 and 6 rows, buckets 4
+// and 8: the MMA linear, against batches of 6 and 12 rows, buckets 8 and 16).
+TEST(CudaBatch, DecodeStepKeepsTheBitsBf16) {
     REQUIRE_GPU();
-    batched_equals_alone("LlamaForCausalLM", "bf16");
-    batched_equals_alone("Qwen3ForCausalLM", "bf16");
+    for (const char* fixture : {"LlamaForCausalLM", "Qwen3ForCausalLM"})
+        for (int seqs : {2, 3, 6}) batched_keeps_the_bits(fixture, "bf16", seqs);
 }
 
 // MoE routing with one warp per row and with the serial one-thread-per-row kernel: the same logits,
@@ -192,9 +239,9 @@ TEST(CudaBatch, DecodeStepEqualsAloneBf16) {
 TEST(CudaBatch, MoeWarpRoutingKeepsTheBits) {
     REQUIRE_GPU();
     kernels::cuda::moe_route_override() = 1;  // serial
-    const std::vector<float> serial = batched_equals_alone("Qwen3MoeForCausalLM", "f32", 6);
+    const std::vector<float> serial = batched_keeps_the_bits("Qwen3MoeForCausalLM", "f32", 6);
     kernels::cuda::moe_route_override() = 0;  // a warp per row
-    const std::vector<float> warp = batched_equals_alone("Qwen3MoeForCausalLM", "f32", 6);
+    const std::vector<float> warp = batched_keeps_the_bits("Qwen3MoeForCausalLM", "f32", 6);
     kernels::cuda::moe_route_override() = -1;
     ASSERT_EQ(serial.size(), warp.size());
     size_t differ = 0;
@@ -204,14 +251,14 @@ TEST(CudaBatch, MoeWarpRoutingKeepsTheBits) {
 
 // The fused decode attention with each query group in one block and with the group's heads split
 // over blocks (rope_attention_kernel's GS): the same logits, bit for bit, for every sequence of a
-// decode step (and each alone, inside batched_equals_alone).
+// decode step (and each against its regime's reference, inside batched_keeps_the_bits).
 TEST(CudaBatch, AttentionHeadSplitKeepsTheBits) {
     REQUIRE_GPU();
     for (const auto& [fixture, quant] : {std::pair{"LlamaForCausalLM", "bf16"}, std::pair{"Qwen3ForCausalLM", "f32"}}) {
         kernels::cuda::attention_split_override() = 0;  // never split
-        const std::vector<float> whole = batched_equals_alone(fixture, quant, 6);
+        const std::vector<float> whole = batched_keeps_the_bits(fixture, quant, 6);
         kernels::cuda::attention_split_override() = 1 << 20;  // always split
-        const std::vector<float> split = batched_equals_alone(fixture, quant, 6);
+        const std::vector<float> split = batched_keeps_the_bits(fixture, quant, 6);
         kernels::cuda::attention_split_override() = -1;
         ASSERT_EQ(whole.size(), split.size());
         size_t differ = 0;
@@ -220,25 +267,26 @@ TEST(CudaBatch, AttentionHeadSplitKeepsTheBits) {
     }
 }
 
-// The decode attention's context split (kernels/cuda/attention.cuh) through the engine's steps:
+// The decode attention's context split (kernels/cuda/attention.cuh) through the model's steps:
 // every token forced into 3 parts (the fixtures' contexts, at most 16 KV blocks, are too short to
 // take more than one). Only part 0 then holds KV blocks, so the split must give exactly the
 // single-block merge's bits (its one live partial rescaled by expf(0) = 1, the empty ones adding 0;
 // the fixtures have no sinks): this checks the tickets, the blocks along z, the parts taken in
-// turn, graph padding rows and the head split in real decode steps, each sequence against itself
-// alone. The split's arithmetic over live parts is scr_cuda_attention's run_parts_case.
+// turn and the head split in real decode steps of two sequences (the split's rows: launches of
+// more keep one part), each against itself alone. Graph padding rows with parts, and the split's
+// arithmetic over live parts, are scr_cuda_attention's run_parts_case.
 TEST(CudaBatch, AttentionPartsKeepTheBits) {
     REQUIRE_GPU();
     namespace kc = kernels::cuda;
     for (const auto& [fixture, quant] : {std::pair{"LlamaForCausalLM", "bf16"}, std::pair{"Qwen3ForCausalLM", "f32"}}) {
-        const std::vector<float> one = batched_equals_alone(fixture, quant, 6);
+        const std::vector<float> one = batched_keeps_the_bits(fixture, quant, 2);
         kc::attention_parts_every_token_override() = 3;
-        const std::vector<float> spread = batched_equals_alone(fixture, quant, 6);
+        const std::vector<float> spread = batched_keeps_the_bits(fixture, quant, 2);
         kc::attention_part_blocks_override() = 1;
-        const std::vector<float> in_turn = batched_equals_alone(fixture, quant, 6);
+        const std::vector<float> in_turn = batched_keeps_the_bits(fixture, quant, 2);
         kc::attention_part_blocks_override() = -1;
         kc::attention_split_override() = 0;
-        const std::vector<float> whole_group = batched_equals_alone(fixture, quant, 6);
+        const std::vector<float> whole_group = batched_keeps_the_bits(fixture, quant, 2);
         kc::attention_split_override() = -1;
         kc::attention_parts_every_token_override() = -1;
         ASSERT_EQ(one.size(), spread.size());
