@@ -40,7 +40,7 @@ __device__ __forceinline__ AttnToken attn_token(const DevStep& st, int t, const 
 // The decode attention's context split (detail::part_slot and below).
 constexpr int kAttentionMaxParts = 4;    // the default most parts (SCR_CUDA_ATTN_PARTS: 1 .. kAttentionPartsLimit)
 constexpr int kAttentionPartsLimit = 8;  // what the workspace is sized for
-constexpr int kAttentionPartsRows = 2;   // rows a launch with parts may have (linear.cuh: kMmaMinRows - 1)
+constexpr int kAttentionPartsRows = 1;   // rows a launch with parts may have (linear.cuh: kMmaMinRows - 1)
 
 // Floats of the workspace (Ctx::attn_ws) for a model of hq query heads of head_dim d: the tickets
 // (kAttentionPartsRows * hq unsigned ints, zero between launches), then the partials, (d + 2) floats
@@ -145,12 +145,13 @@ __device__ __forceinline__ void merge_warps(const float (&m)[G], const float (&l
 // weighted V) in a workspace; the last of the P blocks to finish (a ticket per block group, reset by
 // it) merges the P partials in order. P is a function of the token's context alone (never of the
 // batch or of the launch's shape), and with P = 1 nothing changes: the single-block merge as before.
-// Launches of 1-2 rows only (the bf16 GEMV's regime, which already sets a sequence's bits apart from
-// the 3-32-row MMA linears): a head's result depends on its context, not on the other rows, the head
-// split or the launch (fused or not). Launches of more rows keep the single-block merge (P = 1):
-// parts reaching past the regime would make a sequence's bits depend on the batch inside the MMA
-// linears' regime, and at 16 rows, where the blocks fill the SMs anyway, the parts taken in turn
-// cost 3 % (8B) / 5 % (1B) at 2k context (docs/CUDA.md, "Session 26").
+// Launches of one row only (the bf16 GEMV's regime, which already sets a sequence's bits apart from
+// the 2-32-row MMA linears): a head's result depends on its context, not on the head split or the
+// launch (fused or not). Launches of more rows keep the single-block merge (P = 1): parts reaching
+// past the regime would make a sequence's bits depend on the batch inside the MMA linears' regime,
+// and at 16 rows, where the blocks fill the SMs anyway, the parts taken in turn cost 3 % (8B) / 5 %
+// (1B) at 2k context (docs/CUDA.md, "Session 26"). The parts of several rows and of graph padding
+// rows were checked at up to 8 rows in session 26; with one row they are not exercised now.
 
 // One block's place in a split token: its parts (part, part + step, ... below parts), its heads'
 // partials (head h of the block, part p at partials + h * stride + p * (D + 2): D unscaled
@@ -904,8 +905,8 @@ inline int attention_max_parts() {
 // workspace (Ctx::attn_ws) and the launch takes the vector layout (attend_group_vec), else none.
 // A token's parts go to as many blocks as leave the launch within one wave of blocks on the SMs
 // (batch 1 of the Llamas: 32 query-head blocks x 4), the rest to fewer blocks in turn (the same
-// bits: a launch of more rows has fewer SMs to spare; a block per part at 16 rows measured 6-7 %
-// slower on the 1B at 2k context, docs/CUDA.md "Session 26").
+// bits: a model of many query-head blocks has fewer SMs to spare; launches of several rows, which
+// had fewer too, keep one part since session 27).
 template <int HQ, int HKV, int D, int BS, typename KVT>
 detail::AttnParts attention_parts_for(const Ctx& c, int rows, int row_blocks, bool vec) {
     if (!c.attn_ws || !vec || !detail::attend_vec_on<HQ / HKV, D, BS, KVT>() || rows > kAttentionPartsRows) return {};

@@ -2,12 +2,12 @@
 // layout (f32 / bf16 / f16), x and y float32, accumulation in float32.
 //
 // Paths, chosen per launch by the number of token rows (docs/CUDA.md has the measurements):
-//  * 1-2 rows (bf16; any rows up to 64 for f32/f16 weights): a GEMV that streams every weight row
+//  * 1 row (bf16; any rows up to 64 for f32/f16 weights): a GEMV that streams every weight row
 //    once with 16-byte loads, one warp (or KSPLIT warps along K) per 1-4 weight rows (x loaded once
 //    for all of them), up to 8 rows of x at once, a grid of what fits on the GPU. It can fold a preceding RMSNorm (x is normalized on the fly: y = inv_rms *
 //    (x*w_norm)W^T, the sum of squares accumulated in the same pass), a grouped launch of up to
 //    three matrices that read the same x (Q, K, V), and SwiGLU (silu(x Wg^T) * (x Wu^T)).
-//  * 3-32 rows, bf16: the MMA linear (tensor cores, weights as the A operand, x as bf16 hi + lo),
+//  * 2-32 rows, bf16: the MMA linear (tensor cores, weights as the A operand, x as bf16 hi + lo),
 //    with the same fusions.
 //  * from 33 rows, bf16: cuBLASLt (runtime/cuda/prefill_gemm.hpp), x again as hi + lo; our tiled
 //    tensor-core GEMM when cuBLASLt declines; other weight types take a plain float32 tiled GEMM.
@@ -399,11 +399,17 @@ struct MmaShape {
     static constexpr int U = CH % U1 == 0 ? (U1 < CH ? U1 : CH) : 1;
 };
 
-// Launch bounds with an explicit minimum of one block per SM: without it ptxas held these kernels to
+// Blocks per SM the launch bounds ask for. One by default: without it ptxas held these kernels to
 // 128-142 registers; told one block is enough it takes 187-230 and keeps more weight loads in flight
-// (8B decode at batch 16: 2,157 against 1,672 tok/s, docs/CUDA.md, session 8).
+// (8B decode at batch 16: 2,157 against 1,672 tok/s, docs/CUDA.md, session 8). Two (at most 128
+// registers) for one 8-row token tile when each warp has at most 8 chunks of K: so short a pipeline
+// hides little latency on its own, and twice the warps per SM do. H200, session 27: with two blocks
+// for the 1B's K = 2048 launches (its down, K = 8192, keeps one) its batches of 2-8 rows ran 8-15 %
+// faster; with two for every one-tile launch the 8B's (K = 4096, 16 chunks per warp) ran 4 % slower.
+__host__ __device__ constexpr int mma_min_blocks(int k, int tn) { return tn == 1 && k / mma_warps(k) / 32 <= 8 ? 2 : 1; }
+
 template <int K, int TN, bool SWIGLU, bool NORM>
-__global__ void __launch_bounds__(mma_warps(K) * kWarp, 1) mma_linear_kernel(const __grid_constant__ LinearParams p) {
+__global__ void __launch_bounds__(mma_warps(K) * kWarp, mma_min_blocks(K, TN)) mma_linear_kernel(const __grid_constant__ LinearParams p) {
     using S = MmaShape<K, TN, SWIGLU>;
     constexpr int NW = S::NW, KW = S::KW, CH = S::CH, NA = S::NA, MT = S::MT, U = S::U;
     static_assert(KW % 32 == 0, "the MMA linear needs K % 32 == 0");
@@ -803,14 +809,14 @@ inline bool mma_linear_on() {
     static const bool on = !env_is("SCR_CUDA_LINEAR", "simt");
     return on;
 }
-// Token rows the MMA linear takes by default: from 3 up to cuBLASLt's threshold
-// (cuda_rt::cublas_min_rows(), 33). At 1-2 rows the float32 GEMV, whose many small blocks keep more
-// weight bytes in flight, is faster at batch 1 (8B: 243 against 205 tok/s; at 2 rows the 1B gains
-// 5 %, the 8B loses 7 %); from 3 rows its float32 work per weight grows with the rows and it falls
-// far below bandwidth (8B batch 4: 454 against 797 tok/s, batch 8: 417 against 1,530; docs/CUDA.md
-// "Session 26"). From the threshold, cuBLASLt.
-// SCR_CUDA_LINEAR=mma sends 1-2 rows to the MMA linear too; SCR_CUDA_LINEAR=gemv-to-8 keeps 3-8 rows on
-// the GEMV, the regime before session 27 (for A/B runs only: the attention split stays at 1-2 rows).
+// Token rows the MMA linear takes by default: from 2 up to cuBLASLt's threshold
+// (cuda_rt::cublas_min_rows(), 33). At one row the float32 GEMV, whose many small blocks keep more
+// weight bytes in flight, is faster (8B: 246 against 206 tok/s); from 2 rows its float32 work per
+// weight grows with the rows and it falls below the MMA linear (batch 2: 8B 374 against 404-405,
+// 1B 1,825-1,828 against 1,976-1,977 tok/s), far below at 3-8 rows (8B batch 8: 419 against 1,530; docs/CUDA.md
+// "Session 27"). From the threshold, cuBLASLt.
+// SCR_CUDA_LINEAR=mma sends one row to the MMA linear too; SCR_CUDA_LINEAR=gemv-to-8 keeps 2-8 rows on
+// the GEMV, the regime before session 27 (for A/B runs only: the attention split stays at one row).
 constexpr int kMmaMinRows = kGemvRegimeRows + 1, kMmaMaxRows = 256;
 inline int mma_min_rows() {
     static const int n = env_is("SCR_CUDA_LINEAR", "mma") ? 1 : env_is("SCR_CUDA_LINEAR", "gemv-to-8") ? 9 : kMmaMinRows;

@@ -81,10 +81,11 @@ inline int& decode1_override() {
 }
 
 // Decode rows whose bf16 linears run the GEMV (kernels/cuda/linear.cuh: kMmaMinRows is one more);
-// the MMA linear takes 3-32 rows. Within each of the two regimes a sequence's bits do not depend on
-// the batch (the decode attention's context split keeps to the first: kAttentionPartsRows). Plain
+// the MMA linear takes 2-32 rows. Within each of the two regimes a sequence's bits do not depend on
+// the batch (the decode attention's context split keeps to the first: kAttentionPartsRows; bf16 MoE
+// layers also switch to grouped expert GEMMs by a row rule of their own, moe_gemm_wanted). Plain
 // C++ so that host tests can tell which regime a step's graph bucket falls in.
-constexpr int kGemvRegimeRows = 2;
+constexpr int kGemvRegimeRows = 1;
 
 struct DevStep {
     const int32_t* header = nullptr;        // [kHeaderInts]

@@ -180,9 +180,9 @@ std::vector<std::vector<float>> decode_together(CompiledModel& m, const DecodeSe
 
 // `seqs` sequences of different lengths decoding in one step (a padded graph bucket) give, bit for
 // bit, what batch invariance promises (kernels/cuda/step.hpp: kGemvRegimeRows):
-//  * in the GEMV's regime (f32 weights at any decode row count; bf16 buckets of 1-2 rows): the
+//  * in the GEMV's regime (f32 weights at any decode row count; bf16 buckets of one row): the
 //    logits each sequence gets decoded alone;
-//  * bf16 buckets of 3-32 rows (the MMA linears): the logits each gets in another batch of that
+//  * bf16 buckets of 2-32 rows (the MMA linears): the logits each gets in another batch of that
 //    regime, twice the rows (a larger bucket) with the sequences in reverse order among others.
 // Returns the step's logits, [seq][vocab].
 std::vector<float> batched_keeps_the_bits(const std::string& fixture, const std::string& quant, int seqs = 3) {
@@ -191,6 +191,8 @@ std::vector<float> batched_keeps_the_bits(const std::string& fixture, const std:
     const int V = m.info().vocab_size;
     int bucket = 1;
     while (bucket < seqs) bucket *= 2;
+    // Twice the rows must stay inside the MMA linears' regime (cuBLASLt from 33 rows).
+    if (2 * seqs > 32) ADD_FAILURE() << "batched_keeps_the_bits takes at most 16 sequences, not " << seqs;
     const bool gemv_regime = quant != "bf16" || bucket <= kernels::cuda::kGemvRegimeRows;
     const DecodeSeqs d = make_seqs(V, gemv_regime ? seqs : 2 * seqs);
     std::vector<int> order(static_cast<size_t>(seqs));
@@ -226,12 +228,13 @@ TEST(CudaBatch, DecodeStepEqualsAloneF32) {
     batched_keeps_the_bits("Qwen3MoeForCausalLM", "f32");
 }
 
-// bf16: both regimes of the linears (2 rows: the GEMV, against each alone; 3 and 6 rows, buckets 4
-// and 8: the MMA linear, against batches of 6 and 12 rows, buckets 8 and 16).
+// bf16: both regimes of the linears (one sequence: the GEMV, against itself through SequenceRunner;
+// 2, 3 and 6 sequences, buckets 2, 4 and 8: the MMA linear, against batches of twice the rows,
+// buckets 4, 8 and 16).
 TEST(CudaBatch, DecodeStepKeepsTheBitsBf16) {
     REQUIRE_GPU();
     for (const char* fixture : {"LlamaForCausalLM", "Qwen3ForCausalLM"})
-        for (int seqs : {2, 3, 6}) batched_keeps_the_bits(fixture, "bf16", seqs);
+        for (int seqs : {1, 2, 3, 6}) batched_keeps_the_bits(fixture, "bf16", seqs);
 }
 
 // MoE routing with one warp per row and with the serial one-thread-per-row kernel: the same logits,
@@ -272,21 +275,21 @@ TEST(CudaBatch, AttentionHeadSplitKeepsTheBits) {
 // take more than one). Only part 0 then holds KV blocks, so the split must give exactly the
 // single-block merge's bits (its one live partial rescaled by expf(0) = 1, the empty ones adding 0;
 // the fixtures have no sinks): this checks the tickets, the blocks along z, the parts taken in
-// turn and the head split in real decode steps of two sequences (the split's rows: launches of
-// more keep one part), each against itself alone. Graph padding rows with parts, and the split's
-// arithmetic over live parts, are scr_cuda_attention's run_parts_case.
+// turn and the head split in real batch-1 decode steps (the split's rows: launches of more keep
+// one part), each against itself through SequenceRunner. The split's arithmetic over live parts is
+// scr_cuda_attention's run_parts_case.
 TEST(CudaBatch, AttentionPartsKeepTheBits) {
     REQUIRE_GPU();
     namespace kc = kernels::cuda;
     for (const auto& [fixture, quant] : {std::pair{"LlamaForCausalLM", "bf16"}, std::pair{"Qwen3ForCausalLM", "f32"}}) {
-        const std::vector<float> one = batched_keeps_the_bits(fixture, quant, 2);
+        const std::vector<float> one = batched_keeps_the_bits(fixture, quant, 1);
         kc::attention_parts_every_token_override() = 3;
-        const std::vector<float> spread = batched_keeps_the_bits(fixture, quant, 2);
+        const std::vector<float> spread = batched_keeps_the_bits(fixture, quant, 1);
         kc::attention_part_blocks_override() = 1;
-        const std::vector<float> in_turn = batched_keeps_the_bits(fixture, quant, 2);
+        const std::vector<float> in_turn = batched_keeps_the_bits(fixture, quant, 1);
         kc::attention_part_blocks_override() = -1;
         kc::attention_split_override() = 0;
-        const std::vector<float> whole_group = batched_keeps_the_bits(fixture, quant, 2);
+        const std::vector<float> whole_group = batched_keeps_the_bits(fixture, quant, 1);
         kc::attention_split_override() = -1;
         kc::attention_parts_every_token_override() = -1;
         ASSERT_EQ(one.size(), spread.size());

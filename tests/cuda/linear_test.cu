@@ -1,12 +1,12 @@
 // scr_cuda_linear: the bf16 linear launches of kernels/cuda/linear.cuh on the GPU, at Llama-3.2-1B (and one 8B)
-// layer shapes, in each of their regimes (1-2 rows: float32 GEMV; 3-32: MMA linear; 33-64, 65-256: cuBLASLt
+// layer shapes, in each of their regimes (1 row: float32 GEMV; 2-32: MMA linear; 33-64, 65-256: cuBLASLt
 // with one algorithm per shape; more: cuBLASLt per size; detail::kMmaMinRows sets the first boundary):
 //   * every output against a float64 host reference on random non-zero weights, activations, norm
 //     weights, biases and residuals, with the bound |y - ref| <= 2e-5 * sum_k |w_k x_k| + 1e-6
 //     (x enters the tensor cores as bf16 hi + lo, ~2^-17 relative; float32 accumulation);
 //   * batch invariance within a regime: each row of a launch over R rows has exactly the bits of
-//     the same row in the smallest launch of that regime holding it (alone for 1-2 rows, the
-//     3-row launch, ...), so a decode graph's bucket size never changes a sequence's result; the
+//     the same row in the smallest launch of that regime holding it (alone for 1 row, the
+//     2-row launch, ...), so a decode graph's bucket size never changes a sequence's result; the
 //     GEMV's variants at 1-8 rows (it still takes f32 weights and segments of partial tiles) have
 //     the bits of each row launched alone;
 //   * outputs are poisoned with NaN first, so an unwritten element fails.
@@ -38,7 +38,7 @@ constexpr int kRowCounts[] = {1, 2, 3, 5, 8, 9, 13, 32, 33, 64, 100, 200, kMaxRo
 // rows cuBLASLt per size (no invariance).
 int regime(int rows) {
     const int cublas = scr::cuda_rt::cublas_min_rows();
-    if (rows < detail::kMmaMinRows) return 0;
+    if (rows < detail::mma_min_rows()) return 0;  // the boundary in force (SCR_CUDA_LINEAR moves it)
     if (rows < cublas && rows <= 256) return 1;
     const int bucket = scr::cuda_rt::cublas_decode_bucket(rows);
     return bucket >= 0 ? 2 + bucket : 4;
@@ -237,7 +237,7 @@ int check_case(const Case& cs, cudaStream_t st) {
     // the GEMV regime's rows (below kMmaMinRows) the default launch has them too.
     for (int rows = 1; rows <= 8; ++rows) {
         for (int rw : {0, 1, 4, 5}) {
-            if (rw == 0 && rows >= detail::kMmaMinRows) continue;  // the default launch is the MMA linear's
+            if (rw == 0 && rows >= detail::mma_min_rows()) continue;  // the default launch is the MMA linear's
             for (auto& y : d.y) CK(cudaMemset(y, 0xff, sizeof(float) * kMaxRows * 8192 * 2));
             if (rw == 0) run_case(cs, c, rows, d);
             else run_gemv_variant(cs, c, rows, d, rw == 5 ? 4 : rw, rw == 5);
