@@ -10,8 +10,10 @@
 //                      when T (per tensor); w = scale * q (compressed-tensors float-quantized). Weight-only:
 //                      x stays float32, as on the CPU target (no fp8 activations here).
 //
-// Three kernels (quant_linear below picks one per shape and row count, see quant_gemv_mode()):
-//  * quant_mma_kernel (the default from 2 token rows): tensor cores, weights as the MMA's A operand,
+// Four kernels (quant_linear below picks one per shape and row count, see quant_gemv_mode()):
+//  * quant_mma1_kernel (quant_mma1.cuh; MLX int4 at 1-2 token rows): int8 tensor cores, x as exact
+//    base-256 digits, the MMA's columns as groups;
+//  * quant_mma_kernel (the default from 2 token rows; MLX int4 from 3): tensor cores, weights as the MMA's A operand,
 //    x as bf16 hi + lo; described at its definition and in docs/CUDA.md, "Quantized GEMV";
 //  * quant_smem_kernel (the default for 1 token row; 1-8 rows with SCR_CUDA_QUANT_GEMV=smem): SIMT,
 //    x staged in shared memory, int4 nibbles as exact float32 denormals; its one-row launches that
@@ -1655,8 +1657,10 @@ bool quant_smem_fits(const QuantFusedArgs& a) {
 namespace scr::kernels::cuda {
 
 // Which kernel quant_linear runs (SCR_CUDA_QUANT_GEMV, read once):
-//   `tc1` (default): one token row of an MLX int4 format on the one-row tensor-core kernel
-//           (quant_mma1_kernel), of int8 / fp8 on the shared-memory kernel; 2+ rows as `smem1`;
+//   `tc1` (default): 1 to qmma1_max_rows() (2) token rows of an MLX int4 format on the int8
+//           tensor-core kernel (quant_mma1_kernel; its SwiGLU form one row, 2 rows of SwiGLU as
+//           a grouped launch, quant_swiglu_grouped: regimes 1 | 2 | 3+ there), one row of int8 /
+//           fp8 on the shared-memory kernel; other rows as `smem1`;
 //   `smem1`: one token row on the shared-memory SIMT kernel (quant_smem_kernel), 2+ rows
 //           on the tensor-core kernel: each regime on the kernel that measured fastest for it
 //           (Llama-3.2-1B on the H200, docs/CUDA.md: batch 1 int4-g64 1,347-1,353 tok/s on the
@@ -1666,8 +1670,11 @@ namespace scr::kernels::cuda {
 //   `smem`: 1-8 token rows on the shared-memory kernel, more rows on the tensor-core one;
 //   `simt`: the first SIMT kernel (quant_gemv_kernel; unfused launches only).
 // A shape or layout a kernel does not take falls back (smem -> mma -> simt). Within each regime
-// (1 row and 2+ rows for `smem1`; 1-8 and 9+ for `smem`; all rows for `mma`) the choice depends on
-// the shape only, so a decode row's bits never depend on the other rows of its regime.
+// (1 row and 2+ rows for `smem1`; 1-8 and 9+ for `smem`; all rows for `mma`; for `tc1` on MLX int4
+// 1-2 rows, SwiGLU 1 | 2, and 3+) the choice depends on the shape only, so a decode row's bits
+// never depend on the other rows of its regime. (One exception: a K so long that 2 rows of staged x
+// exceed a block's shared memory, > ~38k at g64 in one-block-per-SM shapes, runs its 2-row launches
+// on quant_mma_kernel; no model here comes near.)
 enum class QuantGemvPath { automatic, simt, mma, smem, smem1, tc1 };
 
 inline QuantGemvPath quant_gemv_mode() {
@@ -1680,6 +1687,22 @@ inline QuantGemvPath quant_gemv_mode() {
         return QuantGemvPath::tc1;
     }();
     return mode;
+}
+
+// Whether a SwiGLU launch (gate and up rows, silu(g) * u) of `rows` token rows runs as one grouped
+// launch of the two matrices into the caller's scratch and then the silu*mul kernel
+// (kernels/cuda/quant_ops.cuh, qlinear_swiglu): at 2 to qmma1_max_rows() (2) rows of an MLX int4
+// format, where quant_mma1_kernel takes two rows in its one-matrix and grouped forms but not in the
+// SwiGLU one (whose accumulators for 2 rows need 196 registers against its 128; 4 rows 255). 1 row
+// stays fused; 3+ fused on quant_mma_kernel.
+// SCR_CUDA_QUANT_TC1_SWIGLU=fused keeps such launches fused on quant_mma_kernel (A/B runs).
+template <class F>
+bool quant_swiglu_grouped(int rows) {
+    static const bool on = [] {
+        const char* e = std::getenv("SCR_CUDA_QUANT_TC1_SWIGLU");
+        return !(e && std::strcmp(e, "fused") == 0);
+    }();
+    return F::kAffine && on && rows >= 2 && rows <= qdetail::qmma1_max_rows() && quant_gemv_mode() == QuantGemvPath::tc1;
 }
 
 // y = x W^T (+ bias) (+ residual) for any number of rows (decode-sized batches are the fast case).
@@ -1698,7 +1721,7 @@ void quant_linear(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path = Q
     if (path == QuantGemvPath::automatic && qdetail::quant_prefill<F, false, false>(c, qdetail::fused_of(a)) == 1) return;
     if (path == QuantGemvPath::automatic) path = quant_gemv_mode();
     if constexpr (F::kAffine) {
-        if (path == QuantGemvPath::tc1 && a.rows == 1) {
+        if (path == QuantGemvPath::tc1 && a.rows <= qdetail::qmma1_max_rows()) {
             const QuantFusedArgs fa = qdetail::fused_of(a);
             if (qdetail::quant_mma1_fits<F>(fa) && qdetail::launch_quant_mma1<F, false, false>(c, fa)) return;
         }
@@ -1748,7 +1771,7 @@ bool quant_linear_fused(const Ctx& c, const QuantFusedArgs& a, QuantGemvPath pat
         path = quant_gemv_mode();
     }
     if constexpr (F::kAffine) {
-        if (path == QuantGemvPath::tc1 && a.rows == 1 && qdetail::quant_mma1_fits<F>(a) &&
+        if (path == QuantGemvPath::tc1 && a.rows <= qdetail::qmma1_max_rows() && qdetail::quant_mma1_fits<F>(a) &&
             qdetail::launch_quant_mma1<F, SWIGLU, NORM>(c, a))
             return true;
     }

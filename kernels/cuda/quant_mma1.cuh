@@ -1,4 +1,8 @@
-// One token row of an MLX int4 linear on int8 tensor cores: quant_mma1_kernel (issue #9).
+// One or two token rows of an MLX int4 linear on int8 tensor cores: quant_mma1_kernel (issue #9).
+// Built for one row (sessions 7-27, below); since session 28 a launch of R <= kQmma1MaxRows rows
+// stages each row's x and runs each row's MMAs on the weight words the warp loads once, in the
+// one-row launch's block shape, so every row gets exactly the bits it gets alone (docs/CUDA.md
+// "Session 28").
 //
 // Why a kernel of its own: at one token row the SIMT kernels are issue-bound, not memory-bound
 // (docs/CUDA.md, "Where the one-row shared-memory kernel's time goes": 4.3 thread instructions per
@@ -35,16 +39,44 @@ struct QMma1Shape {
     static constexpr int GPC = 128 / F::kGroup;        // groups per 128-k chunk
     static constexpr int SPC = 8 / GPC;                // chunks per span of 8 groups (the MMA's 8 columns)
     static constexpr int LPG = 4 * F::kWordsPerGroup;  // staging lanes per group (word-major, 4 per word)
-    static constexpr int kEntryBytes = 32;             // one (word, lane) entry: 3 digits x 2 B-registers, padded
+    static constexpr int kEntryBytes = 24;             // one (word, lane) entry: 3 digits x 2 B-registers (16 + 8 bytes)
 };
 
-// Dynamic shared memory of one block for `chunks` 128-k chunks of x (all of K): 32 zero bytes, the
-// staged digits, per group (sum of x, digit scale), the warps' sums of squares, the warps' row partials.
+// Token rows of one launch of the kernel (its R): 1 (the one-row launch) up to kQmma1MaxRows, each
+// row's x staged in the block's shared memory and run through the same MMAs on the weights the
+// block loads once. A row's arithmetic is the same for every R (the same K split, the same staging
+// and summation order), so the bits of a token row do not depend on the other rows of the launch.
+// Two: at 4 rows the kernel measured slower than quant_mma_kernel (its MMAs, B loads and x staging
+// grow with the rows; docs/CUDA.md "Session 28").
+constexpr int kQmma1MaxRows = 2;
+
+// Token rows up to which the MLX int4 linears run on this kernel (the quantized decode's first
+// regimes; see quant_swiglu_grouped for the SwiGLU launches); more rows take quant_mma_kernel.
+// SCR_CUDA_QUANT_TC1_ROWS=1 is the rule of sessions 7-27 (one row only), for A/B runs.
+inline int qmma1_max_rows() {
+    static const int v = [] {
+        const char* e = std::getenv("SCR_CUDA_QUANT_TC1_ROWS");
+        if (!e || !*e) return kQmma1MaxRows;
+        char* end = nullptr;
+        const long n = std::strtol(e, &end, 10);
+        if (*end != '\0' || n < 1 || n > kQmma1MaxRows) {
+            std::fprintf(stderr, "scr: SCR_CUDA_QUANT_TC1_ROWS=%s is not 1 to %d; using %d\n", e, kQmma1MaxRows, kQmma1MaxRows);
+            return kQmma1MaxRows;
+        }
+        return int(n);
+    }();
+    return v;
+}
+
+// Dynamic shared memory of one block for `chunks` 128-k chunks of x (all of K) of `rows` token
+// rows: 32 zero bytes; per row the staged digits (digits 0 and 1 as one 16-byte array, digit 2 as
+// an 8-byte one: 24 bytes per entry, both aligned for one vector load each); per row and group (sum
+// of x, digit scale); per row the warps' sums of squares; the warps' row partials.
 template <class F, bool SWIGLU>
-__host__ __device__ constexpr size_t qmma1_smem(int warps, int chunks) {
+__host__ __device__ constexpr size_t qmma1_smem(int warps, int chunks, int rows = 1) {
     constexpr int MT = SWIGLU ? 2 : 1;
-    return 32 + size_t(chunks) * 16 * QMma1Shape<F>::kEntryBytes + size_t(chunks) * QMma1Shape<F>::GPC * 8 +
-           size_t(warps + 1) * 4 + size_t(warps) * MT * 16 * 4;
+    return 32 + size_t(rows) * size_t(chunks) * 16 * QMma1Shape<F>::kEntryBytes + size_t(rows) * chunks * QMma1Shape<F>::GPC * 8 +
+           size_t(rows) * (warps + 1) * 4 + size_t(warps) * rows * MT * 16 * 4;
 }
 
 // mma.m16n8k32, u8 weights (A, rows) x u8 / s8 activation digits (B, columns), exact int32 sums.
@@ -119,7 +151,8 @@ inline PdlTrigger qmma1_trigger() {
 // share one staging of x, half the L2 reads and staging work per SM; qmma1_block_shape); a block
 // may run fewer (T x W of blockDim: the fill of qmma1_block_shape). Registers
 // are capped at 128 either way, and a row's arithmetic depends on W only.
-template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH, bool PRED, int BW = kMma1Warps>
+// R: token rows (kQmma1MaxRows above); rows of the launch = R.
+template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH, bool PRED, int BW = kMma1Warps, int R = 1>
 __global__ void __launch_bounds__(BW * kWarp, 16 / BW) quant_mma1_kernel(const __grid_constant__ QuantFusedArgs p, int kparts, PdlTrigger trigger_at) {
     static_assert(F::kAffine, "the one-row tensor-core kernel is for the MLX int4 formats");
     static_assert(F::kGroup <= 128, "the digit sums are combined in int32, which holds groups of up to 128");
@@ -128,7 +161,10 @@ __global__ void __launch_bounds__(BW * kWarp, 16 / BW) quant_mma1_kernel(const _
     constexpr int MT = SWIGLU ? 2 : 1;  // SwiGLU: tile 0 the gate's rows, tile 1 the up rows
     constexpr int GPC = S::GPC, SPC = S::SPC, WPG = F::kWordsPerGroup, LPG = S::LPG;
     constexpr int SWAP = XPOSE ? F::kSwap : 0;  // the lane transpose of the A words (none by default)
-    constexpr int U = SWIGLU ? 1 : 2;  // chunks per load round, two rounds in flight
+    // Chunks per load round, two rounds in flight (one chunk from 2 token rows: registers; the
+    // MMA order, so the bits, do not depend on U).
+    constexpr int U = SWIGLU || R > 1 ? 1 : 2;
+    static_assert(R >= 1 && R <= kQmma1MaxRows, "token rows per launch");
     extern __shared__ __align__(16) uint8_t qmma1_smem_raw[];
 
     int n_total = p.mat[0].n;
@@ -148,10 +184,12 @@ __global__ void __launch_bounds__(BW * kWarp, 16 / BW) quant_mma1_kernel(const _
     const int groups_per_row = p.k / F::kGroup;
 
     const uint4* zero = reinterpret_cast<const uint4*>(qmma1_smem_raw);
-    uint4* xs = reinterpret_cast<uint4*>(qmma1_smem_raw + 32);  // [chunk][word * 4 + lane t][2]
-    float2* xg = reinterpret_cast<float2*>(qmma1_smem_raw + 32 + size_t(CHB) * 16 * S::kEntryBytes);  // [group]
-    float* ssw = reinterpret_cast<float*>(xg + size_t(CHB) * GPC);  // [warp]
-    float* red = ssw + nw + 1;                                        // [warp][MT][16]
+    const size_t entries = size_t(CHB) * 16;                    // per token row
+    uint4* xs = reinterpret_cast<uint4*>(qmma1_smem_raw + 32);  // [row][chunk][word * 4 + lane t]: digits 0, 1
+    uint2* xs2 = reinterpret_cast<uint2*>(xs + R * entries);    // [row][chunk][word * 4 + lane t]: digit 2
+    float2* xg = reinterpret_cast<float2*>(xs2 + R * entries);  // [row][group]
+    float* ssw = reinterpret_cast<float*>(xg + R * size_t(CHB) * GPC);  // [row][warp] (nw + 1 per row)
+    float* red = ssw + R * (nw + 1);                                     // [warp][row][MT][16]
 
     const uint8_t* wrow[MT][2];
     const uint16_t* srow[MT][2];
@@ -231,21 +269,24 @@ __global__ void __launch_bounds__(BW * kWarp, 16 / BW) quant_mma1_kernel(const _
     // (e % 4, e / 4) in either layout, so a group's LPG entries sit in consecutive lanes and its sums
     // (x, x^2, max |x|) are taken in the same order: only where the entry is stored differs.
     if (threadIdx.x < 8) reinterpret_cast<float*>(qmma1_smem_raw)[threadIdx.x] = 0.0f;
-    float ss = 0.0f;  // folded RMSNorm: this thread's sum of x^2
-    // Entry ent's 8 values of x (and of the norm weight), zero past the last chunk.
-    auto load_entry = [&](int ent, float4 (&xr)[2], float4 (&nr)[2]) {
+    float ss[R];  // folded RMSNorm: this thread's sum of x^2, per token row
+#pragma unroll
+    for (int r = 0; r < R; ++r) ss[r] = 0.0f;
+    // Entry ent's 8 values of token row r's x (and of the norm weight), zero past the last chunk.
+    auto load_entry = [&](int r, int ent, float4 (&xr)[2], float4 (&nr)[2]) {
         const int cl = ent / 16, e = ent % 16;
         xr[0] = xr[1] = nr[0] = nr[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (cl >= CHB) return;
         const int k = cl * 128 + qmma_word_k<F::kSwap>(e % 4, e / 4);
-        xr[0] = __ldg(reinterpret_cast<const float4*>(p.x + k));
-        xr[1] = __ldg(reinterpret_cast<const float4*>(p.x + k + 4));
+        const float* x = p.x + size_t(r) * p.k;
+        xr[0] = __ldg(reinterpret_cast<const float4*>(x + k));
+        xr[1] = __ldg(reinterpret_cast<const float4*>(x + k + 4));
         if constexpr (NORM) {
             nr[0] = __ldg(reinterpret_cast<const float4*>(p.norm_w + k));
             nr[1] = __ldg(reinterpret_cast<const float4*>(p.norm_w + k + 4));
         }
     };
-    auto stage_entry = [&](int ent, const float4 (&xr)[2], const float4 (&nr)[2]) {
+    auto stage_entry = [&](int r, int ent, const float4 (&xr)[2], const float4 (&nr)[2]) {
         const int cl = ent / 16, e = ent % 16;
         const bool valid = cl < CHB;
         const int kc = qmma_word_k<F::kSwap>(e % 4, e / 4);  // k within the chunk, a multiple of 8
@@ -256,7 +297,7 @@ __global__ void __launch_bounds__(BW * kWarp, 16 / BW) quant_mma1_kernel(const _
             const float nv[8] = {nr[0].x, nr[0].y, nr[0].z, nr[0].w, nr[1].x, nr[1].y, nr[1].z, nr[1].w};
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
-                ss = fmaf(xv[i], xv[i], ss);
+                ss[r] = fmaf(xv[i], xv[i], ss[r]);
                 xv[i] *= nv[i];
             }
         }
@@ -279,10 +320,11 @@ __global__ void __launch_bounds__(BW * kWarp, 16 / BW) quant_mma1_kernel(const _
         for (int i = 0; i < 8; ++i) v[i] = xv[i] * inv;  // exact: a power of two, |v| < 2^20
         const QDigits even = qdigits4(v[0], v[2], v[4], v[6]), odd = qdigits4(v[1], v[3], v[5], v[7]);
         if (valid) {
-            xs[size_t(slot) * 2] = make_uint4(even.d[0], odd.d[0], even.d[1], odd.d[1]);
-            xs[size_t(slot) * 2 + 1] = make_uint4(even.d[2], odd.d[2], 0u, 0u);
+            xs[r * entries + slot] = make_uint4(even.d[0], odd.d[0], even.d[1], odd.d[1]);
+            xs2[r * entries + slot] = make_uint2(even.d[2], odd.d[2]);
             // (sum of x, s 2^-14): the bias term's X_g and the digit sums' scale.
-            if (e % LPG == 0) xg[cl * GPC + e / LPG] = make_float2(sum, __uint_as_float(uint32_t(127 + E - 6 - 14) << 23));
+            if (e % LPG == 0)
+                xg[r * size_t(CHB) * GPC + cl * GPC + e / LPG] = make_float2(sum, __uint_as_float(uint32_t(127 + E - 6 - 14) << 23));
         }
     };
     // The loop's bound is the same for every thread (ent - threadIdx.x), so the group shuffles see
@@ -291,47 +333,59 @@ __global__ void __launch_bounds__(BW * kWarp, 16 / BW) quant_mma1_kernel(const _
         // Each thread's loads of XB entries issued together, then staged in order (the same sums in
         // the same order as one at a time): one wait on x per XB entries instead of one per entry
         // (XB = 4: more spills at 128 registers).
+        // Token rows one after another, each in the one-row order.
         constexpr int XB = 4;
-        for (int base = 0; base < CHB * 16; base += XB * int(blockDim.x)) {
-            float4 xr[XB][2], nr[XB][2];
+#pragma unroll 1
+        for (int r = 0; r < R; ++r)
+            for (int base = 0; base < CHB * 16; base += XB * int(blockDim.x)) {
+                float4 xr[XB][2], nr[XB][2];
 #pragma unroll
-            for (int j = 0; j < XB; ++j)
-                if (base + j * int(blockDim.x) < CHB * 16) load_entry(base + j * blockDim.x + threadIdx.x, xr[j], nr[j]);
+                for (int j = 0; j < XB; ++j)
+                    if (base + j * int(blockDim.x) < CHB * 16) load_entry(r, base + j * blockDim.x + threadIdx.x, xr[j], nr[j]);
 #pragma unroll
-            for (int j = 0; j < XB; ++j)
-                if (base + j * int(blockDim.x) < CHB * 16) stage_entry(base + j * blockDim.x + threadIdx.x, xr[j], nr[j]);
-        }
+                for (int j = 0; j < XB; ++j)
+                    if (base + j * int(blockDim.x) < CHB * 16) stage_entry(r, base + j * blockDim.x + threadIdx.x, xr[j], nr[j]);
+            }
     } else {
         // One entry at a time (sessions 7-12; SCR_CUDA_QUANT_TC1_VARIANT=xone for A/B runs).
+#pragma unroll 1
+        for (int r = 0; r < R; ++r)
 #pragma unroll 4
-        for (int ent = threadIdx.x; ent - int(threadIdx.x) < CHB * 16; ent += blockDim.x) {
-            float4 xr[2], nr[2];
-            load_entry(ent, xr, nr);
-            stage_entry(ent, xr, nr);
-        }
+            for (int ent = threadIdx.x; ent - int(threadIdx.x) < CHB * 16; ent += blockDim.x) {
+                float4 xr[2], nr[2];
+                load_entry(r, ent, xr, nr);
+                stage_entry(r, ent, xr, nr);
+            }
     }
     if constexpr (NORM) {
 #pragma unroll
-        for (int o = 16; o >= 1; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if (lane == 0) ssw[warp] = ss;
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int o = 16; o >= 1; o /= 2) ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], o);
+            if (lane == 0) ssw[r * (nw + 1) + warp] = ss[r];
+        }
     }
     __syncthreads();
 
-    float acc[MT][2];  // rows g, g + 8 of each tile over this lane's columns (groups 2t, 2t + 1) of every span
-    int cg[3][MT][4];  // the span's C fragments, one per digit (independent MMA chains)
+    float acc[R][MT][2];  // per token row: rows g, g + 8 of each tile over this lane's columns (groups 2t, 2t + 1) of every span
+    int cg[R][3][MT][4];  // per token row, the span's C fragments, one per digit (independent MMA chains)
 #pragma unroll
-    for (int m = 0; m < MT; ++m) {
-        acc[m][0] = acc[m][1] = 0.0f;
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int L = 0; L < 3; ++L)
+        for (int m = 0; m < MT; ++m) {
+            acc[r][m][0] = acc[r][m][1] = 0.0f;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) cg[L][m][e] = 0;
-    }
+            for (int L = 0; L < 3; ++L)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) cg[r][L][m][e] = 0;
+        }
     auto flush = [&](int span) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             const int gl = span * 8 + 2 * t + j;  // the warp's group
-            const float2 xgv = gl < CH * GPC ? xg[c_first * GPC + gl] : make_float2(0.0f, 0.0f);
+            const float2 xgv = gl < CH * GPC ? xg[r * size_t(CHB) * GPC + c_first * GPC + gl] : make_float2(0.0f, 0.0f);
 #pragma unroll
             for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -343,16 +397,18 @@ __global__ void __launch_bounds__(BW * kWarp, 16 / BW) quant_mma1_kernel(const _
                     // sum q x over the group = s 2^-14 (C0 + 256 C1 + 65536 C2), formed exactly in int32
                     // (q <= 15, d0, d1 <= 255, d2 in [-16, 15], G <= 128: |.| <= 2.02e9 < 2^31) and
                     // rounded once (two integer ops and one conversion instead of three and two FMAs).
-                    const float c = float(cg[0][m][e] + cg[1][m][e] * 256 + cg[2][m][e] * 65536);
-                    acc[m][h] = fmaf(to_f32(sv), c * xgv.y, fmaf(to_f32(bv), xgv.x, acc[m][h]));
+                    const float c = float(cg[r][0][m][e] + cg[r][1][m][e] * 256 + cg[r][2][m][e] * 65536);
+                    acc[r][m][h] = fmaf(to_f32(sv), c * xgv.y, fmaf(to_f32(bv), xgv.x, acc[r][m][h]));
                 }
         }
+#pragma unroll
+        for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int L = 0; L < 3; ++L)
 #pragma unroll
             for (int m = 0; m < MT; ++m)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) cg[L][m][e] = 0;
+                for (int e = 0; e < 4; ++e) cg[r][L][m][e] = 0;
         pc = pn;
         load_params(pn, span + 2);
     };
@@ -371,22 +427,34 @@ __global__ void __launch_bounds__(BW * kWarp, 16 / BW) quant_mma1_kernel(const _
             for (int wd = 0; wd < 4; ++wd) {
                 // This lane's B column is its word's group (transposed: word wd's; else lane t's).
                 const int col = col0 + (XPOSE ? wd : t) / WPG;
-                // PRED: 4 lanes load, their 16-byte reads 32 bytes apart within one 128-byte span.
-                uint4 b01 = make_uint4(0u, 0u, 0u, 0u);
-                uint2 b2 = make_uint2(0u, 0u);
-                if (!PRED || g == col) {
-                    const uint4* xp = g == col ? xs + ((c_first + c) * 16 + wd * 4 + t) * 2 : zero;  // zero: 32 bytes
-                    b01 = xp[0];
-                    b2 = *reinterpret_cast<const uint2*>(xp + 1);
+                // Low nibbles (k + 0, 2, 4, 6) and high nibbles (k + 1, 3, 5, 7) as bytes: exact u8.
+                // Formed once for all token rows (one row: next to its MMAs, as sessions 7-27: registers).
+                uint32_t lo0[MT], hi0[MT], lo8[MT], hi8[MT];
+                auto masks = [&](int m) {
+                    lo0[m] = wq[m][0][wd] & 0x0f0f0f0fu, hi0[m] = (wq[m][0][wd] >> 4) & 0x0f0f0f0fu;
+                    lo8[m] = wq[m][1][wd] & 0x0f0f0f0fu, hi8[m] = (wq[m][1][wd] >> 4) & 0x0f0f0f0fu;
+                };
+                if constexpr (R > 1) {
+#pragma unroll
+                    for (int m = 0; m < MT; ++m) masks(m);
                 }
 #pragma unroll
-                for (int m = 0; m < MT; ++m) {
-                    // Low nibbles (k + 0, 2, 4, 6) and high nibbles (k + 1, 3, 5, 7) as bytes: exact u8.
-                    const uint32_t lo0 = wq[m][0][wd] & 0x0f0f0f0fu, hi0 = (wq[m][0][wd] >> 4) & 0x0f0f0f0fu;
-                    const uint32_t lo8 = wq[m][1][wd] & 0x0f0f0f0fu, hi8 = (wq[m][1][wd] >> 4) & 0x0f0f0f0fu;
-                    qmma_u8_16832<false>(cg[0][m], lo0, lo8, hi0, hi8, b01.x, b01.y);
-                    qmma_u8_16832<false>(cg[1][m], lo0, lo8, hi0, hi8, b01.z, b01.w);
-                    qmma_u8_16832<true>(cg[2][m], lo0, lo8, hi0, hi8, b2.x, b2.y);
+                for (int r = 0; r < R; ++r) {
+                    // PRED: 4 lanes load, their reads of consecutive entries.
+                    uint4 b01 = make_uint4(0u, 0u, 0u, 0u);
+                    uint2 b2 = make_uint2(0u, 0u);
+                    if (!PRED || g == col) {
+                        const size_t ent = r * entries + size_t(c_first + c) * 16 + wd * 4 + t;
+                        b01 = g == col ? xs[ent] : zero[0];  // zero: 32 bytes
+                        b2 = g == col ? xs2[ent] : *reinterpret_cast<const uint2*>(zero + 1);
+                    }
+#pragma unroll
+                    for (int m = 0; m < MT; ++m) {
+                        if constexpr (R == 1) masks(m);
+                        qmma_u8_16832<false>(cg[r][0][m], lo0[m], lo8[m], hi0[m], hi8[m], b01.x, b01.y);
+                        qmma_u8_16832<false>(cg[r][1][m], lo0[m], lo8[m], hi0[m], hi8[m], b01.z, b01.w);
+                        qmma_u8_16832<true>(cg[r][2][m], lo0[m], lo8[m], hi0[m], hi8[m], b2.x, b2.y);
+                    }
                 }
             }
             if (c % SPC == SPC - 1 || c == CH - 1) flush(c / SPC);
@@ -406,68 +474,78 @@ __global__ void __launch_bounds__(BW * kWarp, 16 / BW) quant_mma1_kernel(const _
 
     // Rows g, g + 8 over the 4 lanes t (their groups), then the tile's W parts in order.
 #pragma unroll
-    for (int m = 0; m < MT; ++m)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            acc[m][h] += __shfl_xor_sync(0xffffffffu, acc[m][h], 1);
-            acc[m][h] += __shfl_xor_sync(0xffffffffu, acc[m][h], 2);
-        }
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                acc[r][m][h] += __shfl_xor_sync(0xffffffffu, acc[r][m][h], 1);
+                acc[r][m][h] += __shfl_xor_sync(0xffffffffu, acc[r][m][h], 2);
+            }
     if (W > 1) {
         if (t == 0) {
 #pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                red[(warp * MT + m) * 16 + g] = acc[m][0];
-                red[(warp * MT + m) * 16 + g + 8] = acc[m][1];
-            }
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    red[((warp * R + r) * MT + m) * 16 + g] = acc[r][m][0];
+                    red[((warp * R + r) * MT + m) * 16 + g + 8] = acc[r][m][1];
+                }
         }
         __syncthreads();
         if (part != 0 || !active || t != 0) return;
 #pragma unroll
-        for (int m = 0; m < MT; ++m) {
-            acc[m][0] = acc[m][1] = 0.0f;
-            for (int q = 0; q < W; ++q) {
-                acc[m][0] += red[((warp + q) * MT + m) * 16 + g];
-                acc[m][1] += red[((warp + q) * MT + m) * 16 + g + 8];
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                acc[r][m][0] = acc[r][m][1] = 0.0f;
+                for (int q = 0; q < W; ++q) {
+                    acc[r][m][0] += red[(((warp + q) * R + r) * MT + m) * 16 + g];
+                    acc[r][m][1] += red[(((warp + q) * R + r) * MT + m) * 16 + g + 8];
+                }
             }
-        }
     }
     if (!active || t != 0) return;
-    float sq = 0.0f;  // the sum of x^2 over K: the warps' staging sums in order
-    if constexpr (NORM)
-        for (int w = 0; w < nw; ++w) sq += ssw[w];
-    float inv = 1.0f;
-    if constexpr (NORM) inv = 1.0f / sqrtf(sq / float(p.k) + p.eps);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        int row = row0 + g + 8 * h;
-        if (row >= n_total) continue;
-        if constexpr (SWIGLU) {
-            float gate = acc[0][h], up = acc[1][h];
-            if constexpr (NORM) {
-                gate *= inv;
-                up *= inv;
+    for (int r = 0; r < R; ++r) {
+        float sq = 0.0f;  // the sum of x^2 over K: the warps' staging sums in order
+        if constexpr (NORM)
+            for (int w = 0; w < nw; ++w) sq += ssw[r * (nw + 1) + w];
+        float inv = 1.0f;
+        if constexpr (NORM) inv = 1.0f / sqrtf(sq / float(p.k) + p.eps);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            int row = row0 + g + 8 * h;
+            if (row >= n_total) continue;
+            if constexpr (SWIGLU) {
+                float gate = acc[r][0][h], up = acc[r][1][h];
+                if constexpr (NORM) {
+                    gate *= inv;
+                    up *= inv;
+                }
+                p.mat[0].y[size_t(r) * p.mat[0].n + row] = silu(gate) * up;  // as silu_mul_kernel
+            } else {
+                const QuantMat& mat = p.mat[qmat_of(p, row)];
+                float v = acc[r][0][h];
+                if constexpr (NORM) v *= inv;
+                if (mat.bias) v += mat.bias[row];
+                const size_t at = size_t(r) * mat.n + row;
+                if (p.residual) v = p.residual[at] + v;
+                mat.y[at] = v;
             }
-            p.mat[0].y[row] = silu(gate) * up;  // as silu_mul_kernel
-        } else {
-            const QuantMat& mat = p.mat[qmat_of(p, row)];
-            float v = acc[0][h];
-            if constexpr (NORM) v *= inv;
-            if (mat.bias) v += mat.bias[row];
-            if (p.residual) v = p.residual[row] + v;
-            mat.y[row] = v;
         }
     }
 }
 
-// What the one-row kernel takes: an MLX int4 format with 2-byte scales, one token row, K in whole
-// 128-k chunks, 16-byte aligned weights, x and norm weight.
+// What the kernel takes: an MLX int4 format with 2-byte scales, 1 to kQmma1MaxRows token rows, K in
+// whole 128-k chunks, 16-byte aligned weights, x and norm weight.
 template <class F>
 bool quant_mma1_fits(const QuantFusedArgs& a) {
     if constexpr (!F::kAffine) {
         return false;
     } else {
         const auto aligned = [](const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
-        if (a.rows != 1 || a.k % 128 != 0 || sizeof(typename F::Scale) != 2 || !aligned(a.x, 16) ||
+        if (a.rows < 1 || a.rows > kQmma1MaxRows || a.k % 128 != 0 || sizeof(typename F::Scale) != 2 || !aligned(a.x, 16) ||
             (a.norm_w && !aligned(a.norm_w, 16)))
             return false;
         for (int m = 0; m < a.nmat; ++m)
@@ -611,22 +689,40 @@ inline QMma1Block qmma1_block_shape(bool swiglu, int parts, bool parts_forced, i
     return {16, parts, tiles};
 }
 
-template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH, bool PRED, int BW>
+template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH, bool PRED, int BW, int R = 1>
 bool launch_quant_mma1_bw(const Ctx& c, const QuantFusedArgs& a, int tiles_per_block, int parts, int row_tiles, int chunks) {
     const int warps = tiles_per_block * parts;  // <= BW
-    const size_t smem = qmma1_smem<F, SWIGLU>(warps, chunks);
+    const size_t smem = qmma1_smem<F, SWIGLU>(warps, chunks, R);
     static const int smem_max = [] {
         int dev = 0, v = 0;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-        cudaFuncSetAttribute(quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, PRED, BW>, cudaFuncAttributeMaxDynamicSharedMemorySize, v);
+        cudaFuncSetAttribute(quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, PRED, BW, R>, cudaFuncAttributeMaxDynamicSharedMemorySize, v);
         return v;
     }();
     if (smem > size_t(smem_max)) return false;
     qmma1_last_split() = QMmaSplit{tiles_per_block, parts};
-    launch_smem(c, quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, PRED, BW>, dim3(1, ceil_div(row_tiles, tiles_per_block)),
+    launch_smem(c, quant_mma1_kernel<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, PRED, BW, R>, dim3(1, ceil_div(row_tiles, tiles_per_block)),
                 dim3(warps * kWarp), smem, a, parts, qmma1_trigger());
     return true;
+}
+
+// The block shape's kernel instance for a.rows token rows (1 to kQmma1MaxRows; the caller checked).
+template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH, bool PRED, int BW>
+bool launch_quant_mma1_rows(const Ctx& c, const QuantFusedArgs& a, int tiles_per_block, int parts, int row_tiles, int chunks) {
+    static_assert(kQmma1MaxRows == 2, "one instance per row count below");
+    // One row only: the A/B form of sessions 7-23, and SwiGLU (its two-row form would need 196
+    // registers; quant_swiglu_grouped runs those rows as a grouped launch instead).
+    if constexpr (!PRED || SWIGLU) {
+        if (a.rows != 1) return false;
+        return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, PRED, BW, 1>(c, a, tiles_per_block, parts, row_tiles, chunks);
+    } else {
+        if (a.rows == 1)
+            return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, PRED, BW, 1>(c, a, tiles_per_block, parts, row_tiles, chunks);
+        if (a.rows == 2)
+            return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, PRED, BW, 2>(c, a, tiles_per_block, parts, row_tiles, chunks);
+        return false;
+    }
 }
 
 // Launches the one-row kernel; false (nothing launched) when its shared memory would not fit.
@@ -643,11 +739,13 @@ bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
                       : forced < 0                       ? qmma1_parts_fifths(row_tiles, chunks, resident)
                                                          : qmma1_parts(row_tiles, chunks, resident);
     // Only the default form has the 16-warp instance (the others exist for A/B runs of sessions 7-13).
+    // Several token rows: the default form only (PRED), in the one-row launch's block shape (the same bits).
     if constexpr ((WIDE || QMma1Shape<F>::GPC < 2) && !XPOSE && XBATCH == kQmma1XBatch<SWIGLU, NORM>) {
         const QMma1Block b = qmma1_block_shape(SWIGLU, parts, forced != 0, row_tiles, chunks, qsmem_sms());
-        if (b.warps == 16) return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, PRED, 16>(c, a, b.tiles, b.parts, row_tiles, chunks);
-        return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, PRED, kMma1Warps>(c, a, b.tiles, b.parts, row_tiles, chunks);
+        if (b.warps == 16) return launch_quant_mma1_rows<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, PRED, 16>(c, a, b.tiles, b.parts, row_tiles, chunks);
+        return launch_quant_mma1_rows<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, PRED, kMma1Warps>(c, a, b.tiles, b.parts, row_tiles, chunks);
     }
+    if (a.rows != 1) return false;
     // W = 16 needs 16-warp blocks: the A/B forms fall back to the rule's W.
     const int w = parts > kMma1Warps ? qmma1_parts(row_tiles, chunks, resident) : parts;
     return launch_quant_mma1_bw<F, SWIGLU, NORM, WIDE, XPOSE, XBATCH, PRED, kMma1Warps>(c, a, kMma1Warps / w, w, row_tiles, chunks);

@@ -149,9 +149,39 @@ void qlinear_group(const Ctx& c, int rows, const float* x, QuantOut o0, QuantOut
 // (SCR_CUDA_QUANT_FUSED=0, or a shape only the SIMT kernel takes): `tmp` holds 2 * rows * N floats
 // (the gate and up rows) between two GEMV launches and the silu*mul kernel; same bits either way
 // (the gate and up sums are the plain kernel's, the epilogue the same expression).
+namespace qdetail {
+// 2 token rows of MLX int4 (quant_swiglu_grouped): the gate and up rows (n each, K = k) as one
+// grouped launch into `tmp` (2 rows n floats; the norm folded when NORM), then silu * mul. False
+// (nothing launched) when not taken. N only names the silu*mul instance (runtime shapes: tests).
+template <int N, class F, bool NORM>
+bool swiglu_grouped(const Ctx& c, int rows, int n, int k, const float* x, QuantW wg, QuantW wu, float* tmp, float* y,
+                    const RmsIn& norm) {
+    if (!tmp || !quant_fused_on() || !quant_swiglu_grouped<F>(rows)) return false;
+    float* g = tmp;
+    float* u = tmp + size_t(rows) * n;
+    QuantFusedArgs a;
+    a.mat[0] = mat_of(wg, nullptr, g, n);
+    a.mat[1] = mat_of(wu, nullptr, u, n);
+    a.nmat = 2;
+    a.x = x;
+    a.k = k;
+    a.rows = rows;
+    if constexpr (NORM) {
+        a.x = norm.x;
+        a.norm_w = norm.w;
+        a.eps = norm.eps;
+    }
+    if (!quant_linear_fused<F, false, NORM>(c, a)) return false;
+    const int64_t total = int64_t(rows) * n;
+    silu_mul_kernel<N><<<int(std::min<int64_t>((total + 255) / 256, 4096)), 256, 0, c.stream>>>(total, g, u, y);
+    return true;
+}
+}  // namespace qdetail
+
 template <int N, int K, class F>
 void qlinear_swiglu(const Ctx& c, int rows, const float* x, QuantW wg, QuantW wu, float* tmp, float* y) {
     if (rows <= 0) return;
+    if (qdetail::swiglu_grouped<N, F, false>(c, rows, N, K, x, wg, wu, tmp, y, RmsIn{})) return;
     QuantFusedArgs a;
     a.mat[0] = qdetail::mat_of(wg, nullptr, y, N);
     a.mat[1] = qdetail::mat_of(wu, nullptr, y, N);
@@ -169,6 +199,7 @@ void qlinear_swiglu(const Ctx& c, int rows, const float* x, QuantW wg, QuantW wu
 template <int N, int K, class F>
 void qlinear_swiglu(const Ctx& c, int rows, const float* x, QuantW wg, QuantW wu, float* tmp, float* y, RmsIn norm) {
     if (rows <= 0) return;
+    if (qdetail::swiglu_grouped<N, F, true>(c, rows, N, K, x, wg, wu, tmp, y, norm)) return;
     QuantFusedArgs a;
     a.mat[0] = qdetail::mat_of(wg, nullptr, y, N);
     a.mat[1] = qdetail::mat_of(wu, nullptr, y, N);

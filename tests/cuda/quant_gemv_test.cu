@@ -11,7 +11,9 @@
 //     outputs are poisoned with NaN first, so an unwritten element fails. Bounds per output, with
 //     B = sum_k |x_k| (|s q_k| + |b|): simt |err| <= 1e-5 B; mma |err| <= 2e-5 B + 1e-6 (x enters
 //     the tensor cores as bf16 hi + lo, ~2^-17 relative; float32 accumulation);
-//   * batch invariance: every row of a 64-row launch has exactly the bits of that row launched alone;
+//   * batch invariance: every row of a 64-row launch has exactly the bits of that row launched alone
+//     (the tc1 path: of a 2-row launch, its regime; the one-row MLX int4 kernel, quant_mma1_kernel,
+//     takes 1-2 rows);
 //   * the fused variants (quant_linear_fused: grouped Q/K/V with biases, SwiGLU, folded RMSNorm, and
 //     their combinations) against the float64 reference of the unfused math, same bounds, and their
 //     batch invariance;
@@ -49,6 +51,7 @@
 
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/quant_linear.cuh"
+#include "kernels/cuda/quant_ops.cuh"
 
 using namespace scr::kernels::cuda;
 using scr::bf16_t;
@@ -186,17 +189,24 @@ const char* name_of(QuantGemvPath p) {
     return p == QuantGemvPath::mma ? "mma" : p == QuantGemvPath::smem ? "smem" : p == QuantGemvPath::tc1 ? "tc1" : "simt";
 }
 // Token rows whose bits must not depend on the batch: the smem kernel's regime is 1-8 rows (more
-// rows run on the tensor-core kernel), the others' any number. tc1 (the one-row tensor-core kernel)
-// is checked at one row only; its "invariance" is the same launch twice giving the same bits.
-int invariance_rows(QuantGemvPath p) { return p == QuantGemvPath::smem ? 8 : p == QuantGemvPath::tc1 ? 1 : kMaxRows; }
+// rows run on the tensor-core kernel), the others' any number. tc1 (quant_mma1_kernel) takes 1 to
+// qmma1_max_rows() rows (2; more run on the tensor-core kernel), its SwiGLU form one row only (2
+// rows of SwiGLU: the grouped launch, qlinear_swiglu), where the check is the same launch twice.
+// A SwiGLU case on the tc1 path at 2 rows runs as the model runs it: qlinear_swiglu's grouped
+// launch of the gate and up rows, then silu * mul (qdetail::swiglu_grouped); its rows' bits are
+// those of the grouped launch, not the one-row fused launch's, so its invariance check is the same
+// 2-row launch twice (the grouped cases check the grouped launch's 2 rows against each alone).
+int tc1_rows() { return qdetail::qmma1_max_rows(); }
+int invariance_rows(QuantGemvPath p) { return p == QuantGemvPath::smem ? 8 : p == QuantGemvPath::tc1 ? tc1_rows() : kMaxRows; }
+int invariance_alone_rows(QuantGemvPath p, bool swiglu) { return p == QuantGemvPath::tc1 && swiglu && tc1_rows() >= 2 ? 2 : 1; }
 // The one-row tensor-core kernel exists for the MLX int4 formats only.
 bool path_applies(QuantGemvPath p, Fmt f) {
     return p != QuantGemvPath::tc1 || f == Fmt::int4_g32 || f == Fmt::int4_g64 || f == Fmt::int4_g128;
 }
 // tc1 must really run when asked for: its launcher records a split, cleared before each launch.
 void expect_tc1_ran(QuantGemvPath path, int rows) {
-    if (path != QuantGemvPath::tc1 || rows != 1) return;
-    if (qdetail::qmma1_last_split().warps == 0) die("the one-row tensor-core kernel declined the launch");
+    if (path != QuantGemvPath::tc1 || rows > tc1_rows()) return;
+    if (qdetail::qmma1_last_split().warps == 0) die(text("quant_mma1_kernel declined a launch of %d rows", rows));
 }
 
 // The tensor-core path must really run when asked for (quant_linear would quietly take the SIMT one).
@@ -218,7 +228,7 @@ std::string split_of(QuantGemvPath path, int rows = 1) {
         return qdetail::qsmem_last_depth() ? text(" ks%d d%d", qdetail::qsmem_last_split(), qdetail::qsmem_last_depth())
                                            : text(" ks%d", qdetail::qsmem_last_split());
     if (path == QuantGemvPath::simt) return "";
-    const qdetail::QMmaSplit s = path == QuantGemvPath::tc1 && rows == 1 ? qdetail::qmma1_last_split() : qdetail::qmma_last_split();
+    const qdetail::QMmaSplit s = path == QuantGemvPath::tc1 && rows <= tc1_rows() ? qdetail::qmma1_last_split() : qdetail::qmma_last_split();
     return text(" %dx%d", s.warps, s.blocks);
 }
 
@@ -789,10 +799,28 @@ void launch_fused_as(const Ctx& c, const QuantFusedArgs& a, bool swiglu, QuantGe
         die(text("the shared-memory path declined k = %d", a.k));
     bool ran;
     qdetail::qmma1_last_split() = {0, 0};
+    if (swiglu && path == QuantGemvPath::tc1 && a.rows >= 2 && a.rows <= tc1_rows()) {
+        // As the model's qlinear_swiglu: the gate and up rows grouped into a scratch, then silu * mul.
+        static float* tmp = nullptr;
+        static size_t tmp_floats = 0;
+        const size_t need = 2 * size_t(a.rows) * a.mat[0].n;
+        if (need > tmp_floats) {
+            cudaFree(tmp);
+            CK(cudaMalloc(&tmp, need * sizeof(float)));
+            tmp_floats = need;
+        }
+        const auto w = [&](int m) { return QuantW{a.mat[m].q, a.mat[m].scales, a.mat[m].biases}; };
+        const RmsIn norm{a.x, a.norm_w, a.eps};
+        ran = a.norm_w ? qdetail::swiglu_grouped<0, F, true>(c, a.rows, a.mat[0].n, a.k, a.x, w(0), w(1), tmp, a.mat[0].y, norm)
+                       : qdetail::swiglu_grouped<0, F, false>(c, a.rows, a.mat[0].n, a.k, a.x, w(0), w(1), tmp, a.mat[0].y, norm);
+        if (!ran) die(text("the grouped SwiGLU path declined %d rows, k = %d", a.rows, a.k));
+        expect_tc1_ran(path, a.rows);
+        return;
+    }
     if (swiglu) ran = a.norm_w ? quant_linear_fused<F, true, true>(c, a, path) : quant_linear_fused<F, true, false>(c, a, path);
     else ran = a.norm_w ? quant_linear_fused<F, false, true>(c, a, path) : quant_linear_fused<F, false, false>(c, a, path);
     if (!ran) die(text("the fused path declined k = %d", a.k));
-    expect_tc1_ran(path, a.rows);
+    if (!swiglu || a.rows == 1) expect_tc1_ran(path, a.rows);
 }
 void launch_fused(Fmt f, cudaStream_t st, const QuantFusedArgs& a, bool swiglu, QuantGemvPath path) {
     Ctx c;
@@ -924,7 +952,7 @@ int fused_checks(cudaStream_t st) {
         {"8B qkv grouped + norm", 4096, {4096, 1024, 1024}, false, true, false},
         {"8B gate/up swiglu + norm", 4096, {14336, 14336, 0}, true, true, false},
     };
-    const int check_rows[] = {1, 2, 3, 5, 8, 13, kMaxRows};
+    const int check_rows[] = {1, 2, 3, 4, 5, 8, 13, kMaxRows};
     const float eps = 1e-5f;
     int failures = 0;
     for (const FusedCase& fc : cases) {
@@ -968,7 +996,7 @@ int fused_checks(cudaStream_t st) {
             for (QuantGemvPath path : {QuantGemvPath::smem, QuantGemvPath::mma, QuantGemvPath::tc1}) {
             if (!path_applies(path, f)) continue;
             for (int rows : check_rows) {
-                if (path == QuantGemvPath::tc1 && rows != 1) continue;
+                if (path == QuantGemvPath::tc1 && rows > tc1_rows()) continue;
                 for (int m = 0; m < nout; ++m) CK(cudaMemset(y[m], 0xff, sizeof(float) * kMaxRows * fc.n[m]));
                 launch_fused(f, st, args(rows, 0, y), fc.swiglu, path);
                 CK(cudaGetLastError());
@@ -1008,14 +1036,15 @@ int fused_checks(cudaStream_t st) {
                             fc.what, k, name_of(f), name_of(path), split_of(path, rows).c_str(), rows, checked, worst, wrong,
                             unwritten, ok ? "ok" : "FAILED");
             }
-            // Batch invariance: 64 rows (smem: 8) in one launch vs each row alone.
-            const int inv_rows = invariance_rows(path);
+            // Batch invariance: 64 rows (smem: 8, tc1: 2) in one launch vs each row alone (tc1's
+            // SwiGLU: vs launches of 2 rows, invariance_alone_rows).
+            const int inv_rows = invariance_rows(path), alone = invariance_alone_rows(path, fc.swiglu);
             for (int m = 0; m < nout; ++m) {
                 CK(cudaMemset(y[m], 0xff, sizeof(float) * kMaxRows * fc.n[m]));
                 CK(cudaMemset(y_alone[m], 0xff, sizeof(float) * kMaxRows * fc.n[m]));
             }
             launch_fused(f, st, args(inv_rows, 0, y), fc.swiglu, path);
-            for (int r = 0; r < inv_rows; ++r) launch_fused(f, st, args(1, r, y_alone), fc.swiglu, path);
+            for (int r = 0; r < inv_rows; r += alone) launch_fused(f, st, args(alone, r, y_alone), fc.swiglu, path);
             CK(cudaGetLastError());
             CK(cudaStreamSynchronize(st));
             size_t differ = 0, total = 0;
@@ -1027,8 +1056,8 @@ int fused_checks(cudaStream_t st) {
                 total += a.size();
             }
             failures += differ ? 1 : 0;
-            std::printf("check fused %-34s k %4d %-13s %-4s batch invariance (%d rows vs each alone): %zu of %zu outputs differ -> %s\n",
-                        fc.what, k, name_of(f), name_of(path), inv_rows, differ, total, differ ? "FAILED" : "ok");
+            std::printf("check fused %-34s k %4d %-13s %-4s batch invariance (%d rows vs launches of %d): %zu of %zu outputs differ -> %s\n",
+                        fc.what, k, name_of(f), name_of(path), inv_rows, alone, differ, total, differ ? "FAILED" : "ok");
             if (path == QuantGemvPath::smem) {
                 // One token row through the cp.async ring at every depth: the register path's bits.
                 for (int depth : {0, 2, 3, 4}) {
@@ -1154,7 +1183,7 @@ int prefill_checks(cudaStream_t st) {
 // lanes of the B column that holds x load it; SCR_CUDA_QUANT_TC1_VARIANT=zero: every lane loads, the
 // others from a zero block) must give the same bits. Checked on random inputs and at the ends of the
 // integer digit sums' range (every nibble 15, every |x| at its group's top, of one sign or of
-// alternating sign by parity: sums near +-G 15 2^20), each output also against float64 where no norm
+// alternating sign by parity: sums near +-G 15 2^20), each output of both forms also against float64 where no norm
 // is folded (the tensor-core bound).
 template <class F, bool SWIGLU, bool NORM, bool PRED>
 void launch_tc1_form(const Ctx& c, const QuantFusedArgs& a) {
@@ -1205,6 +1234,7 @@ int tc1_form_checks(cudaStream_t st) {
                 }
                 // Both forms into the same outputs, NaN first (an unwritten output fails): PRED, then zero.
                 std::vector<float> y[2][3];
+                qdetail::QMmaSplit split[2];
                 for (int form = 0; form < 2; ++form) {
                     QuantFusedArgs a;
                     for (int m = 0; m < nmat; ++m) {
@@ -1232,6 +1262,7 @@ int tc1_form_checks(cudaStream_t st) {
                             else run.template operator()<false>();
                         }
                     });
+                    split[form] = qdetail::qmma1_last_split();
                     CK(cudaGetLastError());
                     CK(cudaStreamSynchronize(st));
                     for (int m = 0; m < nout; ++m) {
@@ -1255,16 +1286,20 @@ int tc1_form_checks(cudaStream_t st) {
                             ref += double(hx[i]) * wrow[i];
                             mag += std::fabs(double(hx[i])) * brow[i];
                         }
-                        const double tol = kMmaTolRel * mag + kMmaTolAbs, e = std::fabs(double(yp) - ref);
-                        if (!(e <= tol)) ++wrong;
-                        worst = std::max(worst, e / tol);
+                        const double tol = kMmaTolRel * mag + kMmaTolAbs;
+                        for (const float yf : {yp, yz}) {
+                            const double e = std::fabs(double(yf) - ref);
+                            if (!(e <= tol)) ++wrong;
+                            worst = std::max(worst, e / tol);
+                        }
                     }
                 const bool ok = differ == 0 && unwritten == 0 && wrong == 0;
                 failures += ok ? 0 : 1;
                 ++checks;
-                std::printf("tc1 pred/zero %-9s %-18s %-24s k %5d: %zu outputs, %zu differ, %zu unwritten, %zu off float64 "
-                            "(worst %.2f of the bound) %s\n",
-                            name_of(f), cs.what, modes[mode], k, outs, differ, unwritten, wrong, worst, ok ? "ok" : "FAILED");
+                std::printf("tc1 pred/zero %-9s %-18s %-24s k %5d (%dx%d, %dx%d): %zu outputs, %zu differ, %zu unwritten, %zu off "
+                            "float64 (worst %.2f of the bound) %s\n",
+                            name_of(f), cs.what, modes[mode], k, split[0].warps, split[0].blocks, split[1].warps, split[1].blocks, outs,
+                            differ, unwritten, wrong, worst, ok ? "ok" : "FAILED");
                 free_fused_mats(mats);
                 cudaFree(x);
                 cudaFree(nw);
@@ -1529,7 +1564,7 @@ int main(int argc, char** argv) try {
                 };
                 for (const Check& ck : checks) {
                     const int rows = ck.rows;
-                    if (path == QuantGemvPath::tc1 && rows != 1) continue;
+                    if (path == QuantGemvPath::tc1 && rows > tc1_rows()) continue;
                     CK(cudaMemset(y, 0xff, sizeof(float) * rows * n));  // NaN: unwritten outputs fail
                     launch(f, path, st, args(rows, x, y, ck.epilogue, residual));
                     CK(cudaGetLastError());
@@ -1652,7 +1687,7 @@ int main(int argc, char** argv) try {
             }
             for (const Run& run : runs)
                 for (int rows : bench_rows) {
-                    if ((run.depth != -2 || run.path == QuantGemvPath::tc1) && rows != 1) continue;
+                    if ((run.depth != -2 && rows != 1) || (run.path == QuantGemvPath::tc1 && rows > tc1_rows())) continue;
                     qdetail::qsmem_pipe_override() = run.depth;
                     const QuantGemvPath path = run.path;
                     const double us = time_us(st, std::max(2 * copies, 24), [&](int i) {

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""MLX int4 steps of 2 token rows on quant_mma1_kernel against the earlier path, end to end, on the
+GPU machine (tests/cuda/qrows_ab.sh):
+
+  qrows_logits.py SCR CKPT [--factor F]
+
+`scr logits CKPT --quant mlx-int4-g64 --all --ids ...` of prompts of 1-4 random token ids (a prompt
+of n tokens is one step of n rows through every linear) with the defaults (1-2 rows on
+quant_mma1_kernel, 2 rows of SwiGLU as a grouped launch + silu*mul) and with
+SCR_CUDA_QUANT_TC1_ROWS=1 (2+ rows on quant_mma_kernel, x as bf16 hi + lo):
+  * 1, 3 and 4 tokens run the same kernels either way: the logits must be the same bits;
+  * 2 tokens: both kernels are within ~2e-5 of float64 per linear (scr_cuda_quant_gemv's bounds),
+    and through the layers of a random checkpoint their logits drift apart by some 1e-3 relative.
+    The yardstick is the drift the engine's two existing kernels already show at one row
+    (quant_mma1_kernel against SCR_CUDA_QUANT_GEMV=mma, the 1-token prompt): the 2-token drift
+    must stay within F (default 3) times it, per position, and the top token must agree unless the
+    old top two are that close.
+Exit 0 only if every prompt passes.
+"""
+import json, math, os, random, subprocess, sys
+
+
+def logits(scr, ckpt, ids, env):
+    e = dict(os.environ)
+    e.update(env)
+    out = subprocess.run([scr, "logits", ckpt, "--quant", "mlx-int4-g64", "--all", "--ids", ",".join(map(str, ids))], env=e, capture_output=True,
+                         text=True, timeout=240)
+    if out.returncode != 0:
+        sys.exit(f"scr logits failed (rc {out.returncode}, env {env}): {out.stderr[-2000:]}")
+    return json.loads(out.stdout)["logits"]
+
+
+def rel(a, b):
+    num = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)))
+    return num / (math.sqrt(sum(y * y for y in b)) or 1.0)
+
+
+def main():
+    args = sys.argv[1:]
+    factor = 3.0
+    if "--factor" in args:
+        i = args.index("--factor")
+        factor = float(args[i + 1])
+        del args[i:i + 2]
+    if len(args) != 2:
+        sys.exit(__doc__)
+    scr, ckpt = args
+    vocab = json.load(open(os.path.join(ckpt, "config.json")))["vocab_size"]
+    rng = random.Random(7)
+    prompts = {n: [rng.randrange(vocab) for _ in range(n)] for n in (1, 2, 3, 4)}
+    base = rel(logits(scr, ckpt, prompts[1], {})[0], logits(scr, ckpt, prompts[1], {"SCR_CUDA_QUANT_GEMV": "mma"})[0])
+    tol = factor * base
+    print(f"yardstick: 1-token logits, quant_mma1_kernel against quant_mma_kernel: {base:.2e} relative; tolerance {tol:.2e}")
+    bad = 0
+    for n, ids in prompts.items():
+        new = logits(scr, ckpt, ids, {})
+        old = logits(scr, ckpt, ids, {"SCR_CUDA_QUANT_TC1_ROWS": "1"})
+        if len(new) != n or len(old) != n:
+            print(f"prompt of {n}: {len(new)} / {len(old)} positions, expected {n} -> FAILED")
+            bad += 1
+            continue
+        worst, top_differs = 0.0, 0
+        for a, b in zip(new, old):
+            worst = max(worst, rel(a, b))
+            ia = max(range(len(a)), key=a.__getitem__)
+            ib = max(range(len(b)), key=b.__getitem__)
+            if ia != ib and abs(b[ia] - b[ib]) > tol * (abs(b[ib]) + 1e-6):
+                top_differs += 1
+        same_bits = new == old
+        ok = same_bits if n != 2 else (worst <= tol and top_differs == 0)
+        bad += 0 if ok else 1
+        want = "the same bits" if n != 2 else f"within {tol:.2e}"
+        print(f"prompt of {n} token(s): max ||new - old|| / ||old|| over positions {worst:.2e}, top token differs at "
+              f"{top_differs}, same bits: {same_bits} (want {want}) -> {'ok' if ok else 'FAILED'}")
+    print("qrows logits: " + ("all passed" if bad == 0 else f"{bad} FAILED"))
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
