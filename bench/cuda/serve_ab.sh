@@ -1,8 +1,9 @@
 #!/bin/bash
 # `scr serve` under load with two or more settings, interleaved, on the GPU machine:
 #   OUT=$OUT [MODELS="8b 1b"] [VARIANTS="default SCR_CUDA_LINEAR=gemv-to-8"] [LEVELS=1,4,8,16]
-#       [ROUNDS=2] bash bench/cuda/serve_ab.sh CARRY_DIR
-# CARRY_DIR/bin.tar.xz: scr of a CUDA build with the MODELS x bf16 (tests/cuda/pack_carry.sh).
+#       [ROUNDS=2] [QUANT=PRESET] bash bench/cuda/serve_ab.sh CARRY_DIR
+# CARRY_DIR/bin.tar.xz: scr of a CUDA build with the MODELS x bf16 (tests/cuda/pack_carry.sh), and
+# x PRESET with QUANT (the checkpoint then `scr quantize`d to it and served). A variant A=1+B=2 sets both.
 # Per model a random bf16 checkpoint (make_model of tests/cuda/device_lib.sh) and a synthetic
 # tokenizer; per round and variant (`default`, or VAR=VALUE set for the server): scr serve, then
 # bench/cuda/serve_load.py at LEVELS concurrent clients (128-token prompts, 128 tokens out, two
@@ -17,12 +18,17 @@ S=$C
 port=8123
 for m in ${MODELS:-8b 1b}; do
     make_model $m
+    if [ -n "${QUANT:-}" ]; then
+        step quant_$m 300 $S/scr quantize "$M" "$M-q" --preset "$QUANT"
+        rm -rf "$M"
+        M=$M-q
+    fi
     python3 bench/cuda/serve_load.py tokenizer "$M" > /dev/null || { echo "cannot write a tokenizer for $M"; rm -rf "$M"; continue; }
     vocab=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$M/config.json")
     for r in $(seq 1 "${ROUNDS:-2}"); do
         for v in ${VARIANTS:-default SCR_CUDA_LINEAR=gemv-to-8}; do
             k=${m}_${v##*=}_r$r
-            e=; [ "$v" = default ] || e=$v
+            e=; [ "$v" = default ] || e=${v//+/ }
             env $e $S/scr serve "$M" --port $port --max-model-len 4096 --kv-cache-memory 8GiB --max-num-seqs 64 \
                 > "$OUT/server_$k.txt" 2>&1 &
             pid=$!
