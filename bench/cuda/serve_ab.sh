@@ -27,7 +27,7 @@ for m in ${MODELS:-8b 1b}; do
     vocab=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$M/config.json")
     for r in $(seq 1 "${ROUNDS:-2}"); do
         for v in ${VARIANTS:-default SCR_CUDA_LINEAR=gemv-to-8}; do
-            k=${m}_${v##*=}_r$r
+            k=${m}_$(printf %s "${v//SCR_CUDA_/}" | tr -c 'A-Za-z0-9' _)_r$r  # every name (less SCR_CUDA_) and value
             e=; [ "$v" = default ] || e=${v//+/ }
             env $e $S/scr serve "$M" --port $port --max-model-len 4096 --kv-cache-memory 8GiB --max-num-seqs 64 \
                 > "$OUT/server_$k.txt" 2>&1 &

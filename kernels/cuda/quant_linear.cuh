@@ -1673,8 +1673,8 @@ namespace scr::kernels::cuda {
 // (1 row and 2+ rows for `smem1`; 1-8 and 9+ for `smem`; all rows for `mma`; for `tc1` on MLX int4
 // 1-2 rows, SwiGLU 1 | 2, and 3+) the choice depends on the shape only, so a decode row's bits
 // never depend on the other rows of its regime. (One exception: a K so long that 2 rows of staged x
-// exceed a block's shared memory, > ~38k at g64 in one-block-per-SM shapes, runs its 2-row launches
-// on quant_mma_kernel; no model here comes near.)
+// exceed a block's shared memory, > ~36k, runs its 2-row launches on quant_mma_kernel; no model
+// here comes near.)
 enum class QuantGemvPath { automatic, simt, mma, smem, smem1, tc1 };
 
 inline QuantGemvPath quant_gemv_mode() {
@@ -1696,13 +1696,18 @@ inline QuantGemvPath quant_gemv_mode() {
 // SwiGLU one (whose accumulators for 2 rows need 196 registers against its 128; 4 rows 255). 1 row
 // stays fused; 3+ fused on quant_mma_kernel.
 // SCR_CUDA_QUANT_TC1_SWIGLU=fused keeps such launches fused on quant_mma_kernel (A/B runs).
+// Only with the default form of the one-row kernel (SCR_CUDA_QUANT_TC1_VARIANT=wide2); the A/B forms
+// take one row.
 template <class F>
 bool quant_swiglu_grouped(int rows) {
     static const bool on = [] {
         const char* e = std::getenv("SCR_CUDA_QUANT_TC1_SWIGLU");
+        if (e && *e && std::strcmp(e, "fused") != 0 && std::strcmp(e, "grouped") != 0)
+            std::fprintf(stderr, "scr: SCR_CUDA_QUANT_TC1_SWIGLU=%s is not grouped or fused; using grouped\n", e);
         return !(e && std::strcmp(e, "fused") == 0);
     }();
-    return F::kAffine && on && rows >= 2 && rows <= qdetail::qmma1_max_rows() && quant_gemv_mode() == QuantGemvPath::tc1;
+    return F::kAffine && on && rows >= 2 && rows <= qdetail::qmma1_max_rows() && quant_gemv_mode() == QuantGemvPath::tc1 &&
+           qdetail::qmma1_variant() == qdetail::QMma1Variant::wide2;
 }
 
 // y = x W^T (+ bias) (+ residual) for any number of rows (decode-sized batches are the fast case).

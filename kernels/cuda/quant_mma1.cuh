@@ -725,7 +725,8 @@ bool launch_quant_mma1_rows(const Ctx& c, const QuantFusedArgs& a, int tiles_per
     }
 }
 
-// Launches the one-row kernel; false (nothing launched) when its shared memory would not fit.
+// Launches the kernel for a.rows token rows; false (nothing launched) when its shared memory would
+// not fit, and for 2 rows of SwiGLU or of an A/B form (one row only).
 template <class F, bool SWIGLU, bool NORM, bool WIDE, bool XPOSE, bool XBATCH = kQmma1XBatch<SWIGLU, NORM>, bool PRED = !XPOSE>
 bool launch_quant_mma1_v(const Ctx& c, const QuantFusedArgs& a) {
     int n_total = a.mat[0].n;

@@ -145,39 +145,47 @@ void qlinear_group(const Ctx& c, int rows, const float* x, QuantOut o0, QuantOut
     qlinear_group<K, F, N0, N1, N2>(c, rows, x, o0, o1, o2);
 }
 
-// y = silu(x Wg^T) * (x Wu^T): gate and up rows in one launch, silu(g) * u in its epilogue. Unfused
-// (SCR_CUDA_QUANT_FUSED=0, or a shape only the SIMT kernel takes): `tmp` holds 2 * rows * N floats
-// (the gate and up rows) between two GEMV launches and the silu*mul kernel; same bits either way
-// (the gate and up sums are the plain kernel's, the epilogue the same expression).
 namespace qdetail {
 // 2 token rows of MLX int4 (quant_swiglu_grouped): the gate and up rows (n each, K = k) as one
-// grouped launch into `tmp` (2 rows n floats; the norm folded when NORM), then silu * mul. False
-// (nothing launched) when not taken. N only names the silu*mul instance (runtime shapes: tests).
+// grouped launch of quant_mma1_kernel into `tmp` (2 rows n floats; the norm folded when NORM), then
+// silu * mul. False (nothing launched) when not taken, also when quant_mma1_kernel declines the
+// launch (layout, shared memory, an A/B form): the caller then runs the fused launch, whose 2-row
+// form on quant_mma_kernel is faster than a grouped launch there plus silu * mul. N only names the
+// silu*mul instance (runtime shapes: tests).
 template <int N, class F, bool NORM>
 bool swiglu_grouped(const Ctx& c, int rows, int n, int k, const float* x, QuantW wg, QuantW wu, float* tmp, float* y,
                     const RmsIn& norm) {
-    if (!tmp || !quant_fused_on() || !quant_swiglu_grouped<F>(rows)) return false;
-    float* g = tmp;
-    float* u = tmp + size_t(rows) * n;
-    QuantFusedArgs a;
-    a.mat[0] = mat_of(wg, nullptr, g, n);
-    a.mat[1] = mat_of(wu, nullptr, u, n);
-    a.nmat = 2;
-    a.x = x;
-    a.k = k;
-    a.rows = rows;
-    if constexpr (NORM) {
-        a.x = norm.x;
-        a.norm_w = norm.w;
-        a.eps = norm.eps;
+    if constexpr (!F::kAffine) {
+        return false;
+    } else {
+        if (!tmp || !quant_fused_on() || !quant_swiglu_grouped<F>(rows)) return false;
+        float* g = tmp;
+        float* u = tmp + size_t(rows) * n;
+        QuantFusedArgs a;
+        a.mat[0] = mat_of(wg, nullptr, g, n);
+        a.mat[1] = mat_of(wu, nullptr, u, n);
+        a.nmat = 2;
+        a.x = x;
+        a.k = k;
+        a.rows = rows;
+        if constexpr (NORM) {
+            a.x = norm.x;
+            a.norm_w = norm.w;
+            a.eps = norm.eps;
+        }
+        if (!quant_mma1_fits<F>(a) || !launch_quant_mma1<F, false, NORM>(c, a)) return false;
+        const int64_t total = int64_t(rows) * n;
+        silu_mul_kernel<N><<<int(std::min<int64_t>((total + 255) / 256, 4096)), 256, 0, c.stream>>>(total, g, u, y);
+        return true;
     }
-    if (!quant_linear_fused<F, false, NORM>(c, a)) return false;
-    const int64_t total = int64_t(rows) * n;
-    silu_mul_kernel<N><<<int(std::min<int64_t>((total + 255) / 256, 4096)), 256, 0, c.stream>>>(total, g, u, y);
-    return true;
 }
 }  // namespace qdetail
 
+// y = silu(x Wg^T) * (x Wu^T): gate and up rows in one launch, silu(g) * u in its epilogue. `tmp`
+// holds 2 * rows * N floats (the gate and up rows) where they go through memory: 2 rows of MLX int4
+// (qdetail::swiglu_grouped: one grouped launch, then silu*mul), and unfused (SCR_CUDA_QUANT_FUSED=0,
+// or a shape only the SIMT kernel takes: two GEMV launches, then silu*mul; the same bits as fused,
+// since the gate and up sums are the plain kernel's and the epilogue the same expression).
 template <int N, int K, class F>
 void qlinear_swiglu(const Ctx& c, int rows, const float* x, QuantW wg, QuantW wu, float* tmp, float* y) {
     if (rows <= 0) return;

@@ -9,8 +9,8 @@
 # mlx-int4-g64 (tests/cuda/pack_carry.sh). The variant `base` runs the scr of the BASE carry with
 # its defaults (an A/B of two builds: batch 1 must not move). A variant A=1+B=2 sets both.
 #   CHECKS=1: scr_cuda_quant_gemv --no-bench on the three MLX int4 formats (float64 bounds; each row
-#             of a 4-row launch against the row alone, bit for bit), and the same under compute-sanitizer's
-#             memcheck for g64; per model, `scr logits --all` of 1- to 4-token prompts (steps of 1-4
+#             of a 2-row launch against the row alone, bit for bit), and the same under compute-sanitizer's
+#             memcheck for g64 and g128; per model, `scr logits --all` of 1- to 4-token prompts (steps of 1-4
 #             rows) against SCR_CUDA_QUANT_TC1_ROWS=1 (tests/cuda/qrows_logits.py);
 #   KBENCH=1: per-launch times of the 8B shapes at 1, 2 and 4 rows (scr_cuda_quant_gemv's table);
 #   per model, round and variant: `scr cuda-bench --prompt P --decode 64 --prefill 0 --batches B`.
@@ -26,6 +26,7 @@ SB=
 if [ -n "${BASE:-}" ]; then
     device_unpack "$BASE" /tmp/scr-qrows-base
     SB=$C
+    C=$S  # make_model runs $C/scr: this build's
     export LD_LIBRARY_PATH=$S/lib:$LD_LIBRARY_PATH  # the main carry's libraries first
 fi
 if [ "${CHECKS:-1}" = 1 ]; then
@@ -52,9 +53,9 @@ for m in ${MODELS:-8b 1b}; do
     fi
     for r in $(seq 1 "${ROUNDS:-2}"); do
         for v in ${VARIANTS:-default SCR_CUDA_QUANT_TC1_ROWS=1 SCR_CUDA_QUANT_TC1_SWIGLU=fused}; do
-            k=${m}_${v##*=}_r$r
+            k=${m}_$(printf %s "${v//SCR_CUDA_/}" | tr -c 'A-Za-z0-9' _)_r$r  # every name (less SCR_CUDA_) and value
             e=; x=$S/scr
-            [ "$v" = default ] || [ "$v" = base ] || e=${v//+/ }  # A=1+B=2: both
+            [ "$v" = default ] || [ "$v" = base ] || e=${v//+/ }  # A=1+B=2: both (no + or spaces in values)
             if [ "$v" = base ]; then
                 [ -n "$SB" ] || { echo "variant base needs BASE=CARRY_DIR"; continue; }
                 x=$SB/scr
@@ -66,7 +67,7 @@ for m in ${MODELS:-8b 1b}; do
     rm -rf "$Q"
 done
 if [ "${CHECKS:-1}" = 1 ]; then
-    step memcheck_qgemv 400 compute-sanitizer --tool memcheck --error-exitcode 9 $S/scr_cuda_quant_gemv --no-bench --formats mlx-int4-g64
+    step memcheck_qgemv 400 compute-sanitizer --tool memcheck --error-exitcode 9 $S/scr_cuda_quant_gemv --no-bench --formats mlx-int4-g64,mlx-int4-g128
     grep -h "ERROR SUMMARY\|checks passed" "$OUT/memcheck_qgemv.txt" | tail -3
 fi
 printf '%s\n' "${summary[@]}"

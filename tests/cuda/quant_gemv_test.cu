@@ -811,7 +811,8 @@ void launch_fused_as(const Ctx& c, const QuantFusedArgs& a, bool swiglu, QuantGe
         }
         const auto w = [&](int m) { return QuantW{a.mat[m].q, a.mat[m].scales, a.mat[m].biases}; };
         const RmsIn norm{a.x, a.norm_w, a.eps};
-        ran = a.norm_w ? qdetail::swiglu_grouped<0, F, true>(c, a.rows, a.mat[0].n, a.k, a.x, w(0), w(1), tmp, a.mat[0].y, norm)
+        // With the norm the input is norm.x: x is passed as null, so reading it would fault.
+        ran = a.norm_w ? qdetail::swiglu_grouped<0, F, true>(c, a.rows, a.mat[0].n, a.k, nullptr, w(0), w(1), tmp, a.mat[0].y, norm)
                        : qdetail::swiglu_grouped<0, F, false>(c, a.rows, a.mat[0].n, a.k, a.x, w(0), w(1), tmp, a.mat[0].y, norm);
         if (!ran) die(text("the grouped SwiGLU path declined %d rows, k = %d", a.rows, a.k));
         expect_tc1_ran(path, a.rows);
@@ -1183,8 +1184,9 @@ int prefill_checks(cudaStream_t st) {
 // lanes of the B column that holds x load it; SCR_CUDA_QUANT_TC1_VARIANT=zero: every lane loads, the
 // others from a zero block) must give the same bits. Checked on random inputs and at the ends of the
 // integer digit sums' range (every nibble 15, every |x| at its group's top, of one sign or of
-// alternating sign by parity: sums near +-G 15 2^20), each output of both forms also against float64 where no norm
-// is folded (the tensor-core bound).
+// alternating sign by parity: sums near +-G 15 2^20), each output also against float64 where no norm
+// is folded (the tensor-core bound). The default form also runs 2 rows (x and -x; not SwiGLU, which
+// takes one row) at the same extremes: each row against the row launched alone, bit for bit.
 template <class F, bool SWIGLU, bool NORM, bool PRED>
 void launch_tc1_form(const Ctx& c, const QuantFusedArgs& a) {
     constexpr bool kWide = qdetail::QMma1Shape<F>::GPC >= 2;  // as launch_quant_mma1: 32-bit scale loads (cudaMalloc'd: aligned)
@@ -1227,7 +1229,7 @@ int tc1_form_checks(cudaStream_t st) {
                 CK(cudaMalloc(&nw, sizeof(float) * k));
                 CK(cudaMemcpy(x, hx.data(), sizeof(float) * k, cudaMemcpyHostToDevice));
                 CK(cudaMemcpy(nw, hnw.data(), sizeof(float) * k, cudaMemcpyHostToDevice));
-                FusedMats mats = make_fused_mats(cs, f, 1, 300 + mode, 0);
+                FusedMats mats = make_fused_mats(cs, f, 2, 300 + mode, 0);  // outputs for 2 rows
                 for (int m = 0; m < nmat && mode >= 2; ++m) {  // every nibble 15
                     CK(cudaMemset(mats.w[m].q, 0xff, sizes_of(f, cs.n[m], k).q));
                     if (float64) mats.hw[m] = download(f, cs.n[m], k, mats.w[m]);
@@ -1270,8 +1272,54 @@ int tc1_form_checks(cudaStream_t st) {
                         CK(cudaMemcpy(y[form][m].data(), mats.y[m], sizeof(float) * cs.n[m], cudaMemcpyDeviceToHost));
                     }
                 }
+                // The default form at 2 rows (not SwiGLU, which takes one row): x and -x, at the same
+                // extremes of the digit sums. Row 0 must have the one-row launch's bits; row 1 those of
+                // -x launched alone (and -ref from float64, below).
+                std::vector<float> y2[3], y2alone[3];
+                size_t differ2 = 0;
+                if (!cs.swiglu) {
+                    std::vector<float> hx2(2 * size_t(k));
+                    for (int i = 0; i < k; ++i) hx2[i] = hx[i], hx2[k + i] = -hx[i];
+                    float* x2 = nullptr;
+                    CK(cudaMalloc(&x2, sizeof(float) * 2 * k));
+                    CK(cudaMemcpy(x2, hx2.data(), sizeof(float) * 2 * k, cudaMemcpyHostToDevice));
+                    for (int pass = 0; pass < 2; ++pass) {  // 2 rows, then row 1 alone
+                        QuantFusedArgs a;
+                        for (int m = 0; m < nmat; ++m) {
+                            CK(cudaMemset(mats.y[m], 0xff, sizeof(float) * 2 * cs.n[m]));
+                            a.mat[m] = QuantMat{mats.w[m].q, mats.w[m].scales, mats.w[m].biases, nullptr, mats.y[m], cs.n[m]};
+                        }
+                        a.nmat = nmat;
+                        a.x = pass == 0 ? x2 : x2 + k;
+                        a.norm_w = cs.norm ? nw : nullptr;
+                        a.eps = 1e-5f;
+                        a.k = k;
+                        a.rows = pass == 0 ? 2 : 1;
+                        with_format(f, "tc1_form_checks", [&]<class G>() {
+                            if constexpr (G::kAffine) {
+                                if (cs.norm) launch_tc1_form<G, false, true, true>(c, a);
+                                else launch_tc1_form<G, false, false, true>(c, a);
+                            }
+                        });
+                        CK(cudaGetLastError());
+                        CK(cudaStreamSynchronize(st));
+                        for (int m = 0; m < nout; ++m) {
+                            std::vector<float>& to = pass == 0 ? y2[m] : y2alone[m];
+                            to.resize(size_t(a.rows) * cs.n[m]);
+                            CK(cudaMemcpy(to.data(), mats.y[m], sizeof(float) * to.size(), cudaMemcpyDeviceToHost));
+                        }
+                    }
+                    cudaFree(x2);
+                    for (int m = 0; m < nout; ++m)
+                        for (int n = 0; n < cs.n[m]; ++n) {
+                            differ2 += std::memcmp(&y2[m][n], &y[0][m][n], 4) != 0 ? 1 : 0;
+                            differ2 += std::memcmp(&y2[m][cs.n[m] + n], &y2alone[m][n], 4) != 0 ? 1 : 0;
+                        }
+                }
                 size_t differ = 0, unwritten = 0, wrong = 0, outs = 0;
                 double worst = 0.0;
+                for (int m = 0; m < nout && !cs.swiglu; ++m)
+                    for (float v : y2[m]) unwritten += std::isnan(v) ? 1 : 0;
                 std::vector<double> wrow(k), brow(k);
                 for (int m = 0; m < nout; ++m)
                     for (int n = 0; n < cs.n[m]; ++n) {
@@ -1286,20 +1334,24 @@ int tc1_form_checks(cudaStream_t st) {
                             ref += double(hx[i]) * wrow[i];
                             mag += std::fabs(double(hx[i])) * brow[i];
                         }
-                        const double tol = kMmaTolRel * mag + kMmaTolAbs;
-                        for (const float yf : {yp, yz}) {
-                            const double e = std::fabs(double(yf) - ref);
-                            if (!(e <= tol)) ++wrong;
-                            worst = std::max(worst, e / tol);
+                        const double tol = kMmaTolRel * mag + kMmaTolAbs, e = std::fabs(double(yp) - ref);
+                        if (!(e <= tol)) ++wrong;
+                        worst = std::max(worst, e / tol);
+                        // Row 1 of the 2-row launch holds -x: its reference is -ref.
+                        if (!cs.swiglu) {
+                            const double e2 = std::fabs(double(y2[m][cs.n[m] + n]) + ref);
+                            if (!(e2 <= tol)) ++wrong;
+                            worst = std::max(worst, e2 / tol);
                         }
                     }
-                const bool ok = differ == 0 && unwritten == 0 && wrong == 0;
+                const bool ok = differ == 0 && differ2 == 0 && unwritten == 0 && wrong == 0;
                 failures += ok ? 0 : 1;
                 ++checks;
-                std::printf("tc1 pred/zero %-9s %-18s %-24s k %5d (%dx%d, %dx%d): %zu outputs, %zu differ, %zu unwritten, %zu off "
-                            "float64 (worst %.2f of the bound) %s\n",
+                std::printf("tc1 pred/zero %-9s %-18s %-24s k %5d (%dx%d, %dx%d): %zu outputs, %zu differ, %s, %zu unwritten, "
+                            "%zu off float64 (worst %.2f of the bound) %s\n",
                             name_of(f), cs.what, modes[mode], k, split[0].warps, split[0].blocks, split[1].warps, split[1].blocks, outs,
-                            differ, unwritten, wrong, worst, ok ? "ok" : "FAILED");
+                            differ, cs.swiglu ? "1 row only" : text("2 rows (x, -x) vs each alone: %zu differ", differ2).c_str(), unwritten,
+                            wrong, worst, ok ? "ok" : "FAILED");
                 free_fused_mats(mats);
                 cudaFree(x);
                 cudaFree(nw);
