@@ -80,16 +80,21 @@ inline QuantMat mat_of(QuantW w, const float* bias, float* y, int n) { return Qu
 // One fused launch if enabled and the tensor-core kernel takes it; else (returns false) the caller
 // runs the unfused launches. With a norm, x_planned is where rmsnorm(norm.x) * norm.w is planned:
 // the unfused path writes it there first.
-template <int K, class F, bool SWIGLU, bool NORM>
-bool try_fused(const Ctx& c, int rows, QuantFusedArgs a, const RmsIn& norm) {
-    if (!quant_fused_on()) return false;
-    a.k = K;
+// A fused launch's shape and input: K, the rows, and with a folded norm the norm's input and weight.
+template <bool NORM>
+void set_fused_input(QuantFusedArgs& a, int k, int rows, const RmsIn& norm) {
+    a.k = k;
     a.rows = rows;
     if constexpr (NORM) {
         a.x = norm.x;
         a.norm_w = norm.w;
         a.eps = norm.eps;
     }
+}
+template <int K, class F, bool SWIGLU, bool NORM>
+bool try_fused(const Ctx& c, int rows, QuantFusedArgs a, const RmsIn& norm) {
+    if (!quant_fused_on()) return false;
+    set_fused_input<NORM>(a, K, rows, norm);
     return quant_linear_fused<F, SWIGLU, NORM>(c, a);
 }
 
@@ -166,13 +171,7 @@ bool swiglu_grouped(const Ctx& c, int rows, int n, int k, const float* x, QuantW
         a.mat[1] = mat_of(wu, nullptr, u, n);
         a.nmat = 2;
         a.x = x;
-        a.k = k;
-        a.rows = rows;
-        if constexpr (NORM) {
-            a.x = norm.x;
-            a.norm_w = norm.w;
-            a.eps = norm.eps;
-        }
+        set_fused_input<NORM>(a, k, rows, norm);
         if (!quant_mma1_fits<F>(a) || !launch_quant_mma1<F, false, NORM>(c, a)) return false;
         const int64_t total = int64_t(rows) * n;
         silu_mul_kernel<N><<<int(std::min<int64_t>((total + 255) / 256, 4096)), 256, 0, c.stream>>>(total, g, u, y);

@@ -39,9 +39,6 @@ if [ "${KBENCH:-1}" = 1 ]; then
     step qbench 300 $S/scr_cuda_quant_gemv --formats mlx-int4-g64 --shapes 6144x4096,4096x4096,28672x4096,14336x4096,4096x14336,128256x4096
     grep -E "^ *[0-9]+x[0-9]+ .*(tc1|mma)" "$OUT/qbench.txt" | grep -E " (1|2|4) +[0-9.]+ " | head -60
 fi
-line() {  # line KEY: the decode rows of step KEY's log on one line
-    echo "$1 | $(grep -E '^decode batch +[0-9]+:' "$OUT/$1.txt" | sed -E 's/^decode batch +([0-9]+): ([0-9]+) tok\/s sampling on the GPU \(([0-9]+) run ahead\).*/\1: \2 (\3)/' | tr '\n' ' ')"
-}
 for m in ${MODELS:-8b 1b}; do
     make_model $m
     step quant_$m 300 $S/scr quantize "$M" "$M-int4" --preset mlx-int4-g64
@@ -61,7 +58,7 @@ for m in ${MODELS:-8b 1b}; do
                 x=$SB/scr
             fi
             step b_$k 200 env $e $x cuda-bench $Q --prompt ${PROMPT:-128} --decode 64 --prefill 0 --batches ${BATCHES:-1,2,3,4,8}
-            line b_$k
+            decode_line b_$k
         done
     done
     rm -rf "$Q"

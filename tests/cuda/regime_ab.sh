@@ -37,9 +37,6 @@ if [ -n "${BASE:-}" ]; then  # variant `base`: the defaults of another build (BA
     device_unpack "$BASE" /tmp/scr-regime-base
     SB=$C
 fi
-line() {  # line KEY: the decode rows of step KEY's log on one line
-    echo "$1 | $(grep -E '^decode batch +[0-9]+:' "$OUT/$1.txt" | sed -E 's/^decode batch +([0-9]+): ([0-9]+) tok\/s sampling on the GPU \(([0-9]+) run ahead\).*/\1: \2 (\3)/' | tr '\n' ' ')"
-}
 for m in ${MODELS:-8b 1b}; do
     make_model $m
     [ "${QUANT:-1}" = 1 ] && step quant_$m 300 $S/scr quantize "$M" "$M-int4" --preset mlx-int4-g64
@@ -53,11 +50,11 @@ for m in ${MODELS:-8b 1b}; do
                 x=$SB/scr
             fi
             step b_$k 200 env $e $x cuda-bench $M --prompt ${PROMPT:-128} --decode 64 --prefill 0 --batches ${BATCHES:-1,2,3,4,6,8,16}
-            line b_$k
+            decode_line b_$k
         done
         if [ "${QUANT:-1}" = 1 ] && [ -d "$M-int4" ]; then
             step q_${m}_r$r 200 $S/scr cuda-bench $M-int4 --prompt ${PROMPT:-128} --decode 64 --prefill 0 --batches ${BATCHES:-1,2,3,4,6,8,16}
-            line q_${m}_r$r
+            decode_line q_${m}_r$r
         fi
     done
     if [ "${NCU:-0}" = 1 ] && [ $m = 8b ]; then
