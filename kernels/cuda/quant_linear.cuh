@@ -10,9 +10,11 @@
 //                      when T (per tensor); w = scale * q (compressed-tensors float-quantized). Weight-only:
 //                      x stays float32, as on the CPU target (no fp8 activations here).
 //
-// Four kernels (quant_linear below picks one per shape and row count, see quant_gemv_mode()):
+// Five kernels (quant_linear below picks one per shape and row count, see quant_gemv_mode()):
 //  * quant_mma1_kernel (quant_mma1.cuh; MLX int4 at 1-2 token rows): int8 tensor cores, x as exact
 //    base-256 digits, the MMA's columns as groups;
+//  * quant_staged_kernel (quant_staged.cuh; MLX int4 at 9-16 token rows, and 3-8 rows of launches
+//    of >= 32 MiB): quant_mma_kernel's arithmetic with x staged once per block in shared memory;
 //  * quant_mma_kernel (the default from 2 token rows; MLX int4 from 3): tensor cores, weights as the MMA's A operand,
 //    x as bf16 hi + lo; described at its definition and in docs/CUDA.md, "Quantized GEMV";
 //  * quant_smem_kernel (the default for 1 token row; 1-8 rows with SCR_CUDA_QUANT_GEMV=smem): SIMT,
@@ -1652,6 +1654,7 @@ bool quant_smem_fits(const QuantFusedArgs& a) {
 }  // namespace scr::kernels::cuda
 
 #include "kernels/cuda/quant_mma1.cuh"
+#include "kernels/cuda/quant_staged.cuh"
 #include "kernels/cuda/quant_prefill.cuh"
 
 namespace scr::kernels::cuda {
@@ -1730,6 +1733,9 @@ void quant_linear(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path = Q
             const QuantFusedArgs fa = qdetail::fused_of(a);
             if (qdetail::quant_mma1_fits<F>(fa) && qdetail::launch_quant_mma1<F, false, false>(c, fa)) return;
         }
+        if (path == QuantGemvPath::tc1 && a.rows >= qdetail::kQsMinRows && a.rows <= qdetail::kQsMaxRows &&
+            qdetail::launch_quant_staged<F, false, false>(c, qdetail::fused_of(a)))
+            return;
     }
     if (path == QuantGemvPath::tc1) path = QuantGemvPath::smem1;
     if (((path == QuantGemvPath::smem && a.rows <= 8) || (path == QuantGemvPath::smem1 && a.rows == 1)) && a.n > 0) {
@@ -1778,6 +1784,9 @@ bool quant_linear_fused(const Ctx& c, const QuantFusedArgs& a, QuantGemvPath pat
     if constexpr (F::kAffine) {
         if (path == QuantGemvPath::tc1 && a.rows <= qdetail::qmma1_max_rows() && qdetail::quant_mma1_fits<F>(a) &&
             qdetail::launch_quant_mma1<F, SWIGLU, NORM>(c, a))
+            return true;
+        if (path == QuantGemvPath::tc1 && a.rows >= qdetail::kQsMinRows && a.rows <= qdetail::kQsMaxRows &&
+            qdetail::launch_quant_staged<F, SWIGLU, NORM>(c, a))
             return true;
     }
     if (path == QuantGemvPath::tc1) path = QuantGemvPath::smem1;

@@ -15,6 +15,9 @@ SCR_CUDA_QUANT_TC1_ROWS=1 (2+ rows on quant_mma_kernel, x as bf16 hi + lo):
     (quant_mma1_kernel against SCR_CUDA_QUANT_GEMV=mma, the 1-token prompt): the 2-token drift
     must stay within F (default 3) times it, per position, and the top token must agree unless the
     old top two are that close.
+With --mode staged (tests/cuda/qstaged_ab.sh): steps of 3-16 rows on quant_staged_kernel against
+SCR_CUDA_QUANT_STAGED=0 (quant_mma_kernel): prompts of 1, 2, 3, 8, 16 and 17 tokens; 3, 8 and 16
+must be within the tolerance, the others the same bits.
 Exit 0 only if every prompt passes.
 """
 import json, math, os, random, subprocess, sys
@@ -35,6 +38,13 @@ def rel(a, b):
     return num / (math.sqrt(sum(y * y for y in b)) or 1.0)
 
 
+# mode: (the earlier path's environment, prompt lengths, lengths whose kernels differ)
+MODES = {
+    "rows2": ({"SCR_CUDA_QUANT_TC1_ROWS": "1"}, (1, 2, 3, 4), {2}),
+    "staged": ({"SCR_CUDA_QUANT_STAGED": "0"}, (1, 2, 3, 8, 16, 17), {3, 8, 16}),
+}
+
+
 def main():
     args = sys.argv[1:]
     factor = 3.0
@@ -42,19 +52,25 @@ def main():
         i = args.index("--factor")
         factor = float(args[i + 1])
         del args[i:i + 2]
-    if len(args) != 2:
+    mode = "rows2"
+    if "--mode" in args:
+        i = args.index("--mode")
+        mode = args[i + 1]
+        del args[i:i + 2]
+    if mode not in MODES or len(args) != 2:
         sys.exit(__doc__)
     scr, ckpt = args
     vocab = json.load(open(os.path.join(ckpt, "config.json")))["vocab_size"]
     rng = random.Random(7)
-    prompts = {n: [rng.randrange(vocab) for _ in range(n)] for n in (1, 2, 3, 4)}
+    old_env, lengths, changed = MODES[mode]
+    prompts = {n: [rng.randrange(vocab) for _ in range(n)] for n in lengths}
     base = rel(logits(scr, ckpt, prompts[1], {})[0], logits(scr, ckpt, prompts[1], {"SCR_CUDA_QUANT_GEMV": "mma"})[0])
     tol = factor * base
     print(f"yardstick: 1-token logits, quant_mma1_kernel against quant_mma_kernel: {base:.2e} relative; tolerance {tol:.2e}")
     bad = 0
     for n, ids in prompts.items():
         new = logits(scr, ckpt, ids, {})
-        old = logits(scr, ckpt, ids, {"SCR_CUDA_QUANT_TC1_ROWS": "1"})
+        old = logits(scr, ckpt, ids, old_env)
         if len(new) != n or len(old) != n:
             print(f"prompt of {n}: {len(new)} / {len(old)} positions, expected {n} -> FAILED")
             bad += 1
@@ -67,9 +83,9 @@ def main():
             if ia != ib and abs(b[ia] - b[ib]) > tol * (abs(b[ib]) + 1e-6):
                 top_differs += 1
         same_bits = new == old
-        ok = same_bits if n != 2 else (worst <= tol and top_differs == 0)
+        ok = same_bits if n not in changed else (worst <= tol and top_differs == 0)
         bad += 0 if ok else 1
-        want = "the same bits" if n != 2 else f"within {tol:.2e}"
+        want = "the same bits" if n not in changed else f"within {tol:.2e}"
         print(f"prompt of {n} token(s): max ||new - old|| / ||old|| over positions {worst:.2e}, top token differs at "
               f"{top_differs}, same bits: {same_bits} (want {want}) -> {'ok' if ok else 'FAILED'}")
     print("qrows logits: " + ("all passed" if bad == 0 else f"{bad} FAILED"))

@@ -197,6 +197,9 @@ const char* name_of(QuantGemvPath p) {
 // those of the grouped launch, not the one-row fused launch's, so its invariance check is the same
 // 2-row launch twice (the grouped cases check the grouped launch's 2 rows against each alone).
 int tc1_rows() { return qdetail::qmma1_max_rows(); }
+// The default path's MLX int4 launches of 3-16 rows run quant_staged_kernel (x staged once per
+// block) where its rule takes them, quant_mma_kernel otherwise: tc1 checks reach up to here.
+int tc1_top() { return qdetail::qstaged_on() ? qdetail::kQsMaxRows : tc1_rows(); }
 int invariance_rows(QuantGemvPath p) { return p == QuantGemvPath::smem ? 8 : p == QuantGemvPath::tc1 ? tc1_rows() : kMaxRows; }
 int invariance_alone_rows(QuantGemvPath p, bool swiglu) { return p == QuantGemvPath::tc1 && swiglu && tc1_rows() >= 2 ? 2 : 1; }
 // The one-row tensor-core kernel exists for the MLX int4 formats only.
@@ -204,10 +207,20 @@ bool path_applies(QuantGemvPath p, Fmt f) {
     return p != QuantGemvPath::tc1 || f == Fmt::int4_g32 || f == Fmt::int4_g64 || f == Fmt::int4_g128;
 }
 // tc1 must really run when asked for: its launcher records a split, cleared before each launch.
-void expect_tc1_ran(QuantGemvPath path, int rows) {
-    if (path != QuantGemvPath::tc1 || rows > tc1_rows()) return;
-    if (qdetail::qmma1_last_split().warps == 0) die(text("quant_mma1_kernel declined a launch of %d rows", rows));
+// quant_staged_kernel must run where its rule takes the launch (tiles: 16-row tiles, SwiGLU's twice;
+// chunks: 128-k chunks per row).
+void expect_tc1_ran(QuantGemvPath path, int rows, int tiles, int chunks) {
+    if (path != QuantGemvPath::tc1 || rows > tc1_top()) return;
+    if (rows <= tc1_rows() && qdetail::qmma1_last_split().warps == 0) die(text("quant_mma1_kernel declined a launch of %d rows", rows));
+    if (rows > tc1_rows() && qdetail::qstaged_takes(rows, tiles, chunks) && qdetail::qstaged_last_plan().slices == 0)
+        die(text("quant_staged_kernel declined a launch of %d rows (%d tiles)", rows, tiles));
 }
+// The MLX int4 regimes of the default path above 2 rows: [3, 8] and [9, 16] (quant_staged.cuh,
+// qstaged_takes: each on one kernel per shape).
+struct Regime {
+    int lo, hi;
+};
+constexpr Regime kStagedRegimes[] = {{3, 8}, {9, 16}};
 
 // The tensor-core path must really run when asked for (quant_linear would quietly take the SIMT one).
 template <class F>
@@ -218,7 +231,7 @@ void launch_as(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path) {
         die(text("the shared-memory path does not take %dx%d (or the pointers' alignment)", a.n, a.k));
     qdetail::qmma1_last_split() = {0, 0};
     quant_linear<F>(c, a, path);
-    expect_tc1_ran(path, a.rows);
+    expect_tc1_ran(path, a.rows, (a.n + 15) / 16, a.k / 128);
 }
 
 // The tensor-core kernel's K split in the last launch (SCR_CUDA_QUANT_SPLITK, qmma_split): "warps x
@@ -228,6 +241,10 @@ std::string split_of(QuantGemvPath path, int rows = 1) {
         return qdetail::qsmem_last_depth() ? text(" ks%d d%d", qdetail::qsmem_last_split(), qdetail::qsmem_last_depth())
                                            : text(" ks%d", qdetail::qsmem_last_split());
     if (path == QuantGemvPath::simt) return "";
+    if (path == QuantGemvPath::tc1 && rows > tc1_rows() && rows <= tc1_top() && qdetail::qstaged_last_plan().slices > 0) {
+        const qdetail::QStagedPlan& p = qdetail::qstaged_last_plan();
+        return text(" s%dw%dg%d", p.slices, p.waves, p.row_groups);
+    }
     const qdetail::QMmaSplit s = path == QuantGemvPath::tc1 && rows <= tc1_rows() ? qdetail::qmma1_last_split() : qdetail::qmma_last_split();
     return text(" %dx%d", s.warps, s.blocks);
 }
@@ -815,13 +832,16 @@ void launch_fused_as(const Ctx& c, const QuantFusedArgs& a, bool swiglu, QuantGe
         ran = a.norm_w ? qdetail::swiglu_grouped<0, F, true>(c, a.rows, a.mat[0].n, a.k, nullptr, w(0), w(1), tmp, a.mat[0].y, norm)
                        : qdetail::swiglu_grouped<0, F, false>(c, a.rows, a.mat[0].n, a.k, a.x, w(0), w(1), tmp, a.mat[0].y, norm);
         if (!ran) die(text("the grouped SwiGLU path declined %d rows, k = %d", a.rows, a.k));
-        expect_tc1_ran(path, a.rows);
+        expect_tc1_ran(path, a.rows, 0, 0);
         return;
     }
     if (swiglu) ran = a.norm_w ? quant_linear_fused<F, true, true>(c, a, path) : quant_linear_fused<F, true, false>(c, a, path);
     else ran = a.norm_w ? quant_linear_fused<F, false, true>(c, a, path) : quant_linear_fused<F, false, false>(c, a, path);
     if (!ran) die(text("the fused path declined k = %d", a.k));
-    if (!swiglu || a.rows == 1) expect_tc1_ran(path, a.rows);
+    int n_total = 0;  // as the kernel stacks the rows; SwiGLU's tiles count twice (gate and up)
+    for (int m = 0; m < a.nmat; ++m) n_total += a.mat[m].n;
+    const int tiles = swiglu ? (a.mat[0].n + 15) / 16 * 2 : (n_total + 15) / 16;
+    if (!swiglu || a.rows == 1 || a.rows > tc1_rows()) expect_tc1_ran(path, a.rows, tiles, a.k / 128);
 }
 void launch_fused(Fmt f, cudaStream_t st, const QuantFusedArgs& a, bool swiglu, QuantGemvPath path) {
     Ctx c;
@@ -953,7 +973,7 @@ int fused_checks(cudaStream_t st) {
         {"8B qkv grouped + norm", 4096, {4096, 1024, 1024}, false, true, false},
         {"8B gate/up swiglu + norm", 4096, {14336, 14336, 0}, true, true, false},
     };
-    const int check_rows[] = {1, 2, 3, 4, 5, 8, 13, kMaxRows};
+    const int check_rows[] = {1, 2, 3, 4, 5, 8, 13, 16, kMaxRows};
     const float eps = 1e-5f;
     int failures = 0;
     for (const FusedCase& fc : cases) {
@@ -997,7 +1017,7 @@ int fused_checks(cudaStream_t st) {
             for (QuantGemvPath path : {QuantGemvPath::smem, QuantGemvPath::mma, QuantGemvPath::tc1}) {
             if (!path_applies(path, f)) continue;
             for (int rows : check_rows) {
-                if (path == QuantGemvPath::tc1 && rows > tc1_rows()) continue;
+                if (path == QuantGemvPath::tc1 && rows > tc1_top()) continue;
                 for (int m = 0; m < nout; ++m) CK(cudaMemset(y[m], 0xff, sizeof(float) * kMaxRows * fc.n[m]));
                 launch_fused(f, st, args(rows, 0, y), fc.swiglu, path);
                 CK(cudaGetLastError());
@@ -1059,6 +1079,32 @@ int fused_checks(cudaStream_t st) {
             failures += differ ? 1 : 0;
             std::printf("check fused %-34s k %4d %-13s %-4s batch invariance (%d rows vs launches of %d): %zu of %zu outputs differ -> %s\n",
                         fc.what, k, name_of(f), name_of(path), inv_rows, alone, differ, total, differ ? "FAILED" : "ok");
+            for (const Regime& rg : kStagedRegimes) {
+                if (path != QuantGemvPath::tc1 || rg.hi > tc1_top()) continue;
+                // A regime above 2 rows: its largest batch against each row as the first of a launch
+                // of its smallest.
+                for (int m = 0; m < nout; ++m) {
+                    CK(cudaMemset(y[m], 0xff, sizeof(float) * kMaxRows * fc.n[m]));
+                    CK(cudaMemset(y_alone[m], 0xff, sizeof(float) * kMaxRows * fc.n[m]));
+                }
+                launch_fused(f, st, args(rg.hi, 0, y), fc.swiglu, path);
+                const std::string how = split_of(path, rg.hi);
+                for (int r = 0; r < rg.hi; ++r) launch_fused(f, st, args(rg.lo, r, y_alone), fc.swiglu, path);
+                CK(cudaGetLastError());
+                CK(cudaStreamSynchronize(st));
+                size_t diff3 = 0, total3 = 0;
+                for (int m = 0; m < nout; ++m) {
+                    std::vector<float> a(size_t(rg.hi) * fc.n[m]), b(a.size());
+                    CK(cudaMemcpy(a.data(), y[m], sizeof(float) * a.size(), cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(b.data(), y_alone[m], sizeof(float) * b.size(), cudaMemcpyDeviceToHost));
+                    for (size_t i = 0; i < a.size(); ++i) diff3 += std::memcmp(&a[i], &b[i], 4) != 0 ? 1 : 0;
+                    total3 += a.size();
+                }
+                failures += diff3 ? 1 : 0;
+                std::printf("check fused %-34s k %4d %-13s %-4s%s batch invariance (%d rows vs launches of %d): %zu of %zu outputs "
+                            "differ -> %s\n",
+                            fc.what, k, name_of(f), name_of(path), how.c_str(), rg.hi, rg.lo, diff3, total3, diff3 ? "FAILED" : "ok");
+            }
             if (path == QuantGemvPath::smem) {
                 // One token row through the cp.async ring at every depth: the register path's bits.
                 for (int depth : {0, 2, 3, 4}) {
@@ -1374,10 +1420,10 @@ void fused_bench(cudaStream_t st, size_t l2_bytes, double copy) {
         {"8B gate/up swiglu + norm", 4096, {14336, 14336, 0}, true, true, false},
     };
     const float eps = 1e-5f;
-    std::printf("\none token row, fused launches (automatic path, weights cold):\n");
+    std::printf("\nfused launches of 1, 4, 8 and 16 token rows (automatic path, weights cold):\n");
     for (const FusedCase& fc : cases) {
         const int k = fc.k, nmat = fused_nmat(fc);
-        FusedInput in = make_fused_input(fc, 1, 515 + k, eps);
+        FusedInput in = make_fused_input(fc, 16, 515 + k, eps);
         for (Fmt f : g_formats) {
             if (is_int4(f) && k % group_of(f) != 0) continue;
             size_t bytes = 0;
@@ -1387,7 +1433,8 @@ void fused_bench(cudaStream_t st, size_t l2_bytes, double copy) {
             for (int c = 0; c < copies; ++c)
                 for (int m = 0; m < nmat; ++m) ws[c][m] = make_weights(f, fc.n[m], k, 300 + 17 * c + m);
             float* y[3] = {};
-            for (int m = 0; m < nmat; ++m) CK(cudaMalloc(&y[m], sizeof(float) * fc.n[m]));
+            for (int m = 0; m < nmat; ++m) CK(cudaMalloc(&y[m], sizeof(float) * 16 * fc.n[m]));
+            for (int rows : {1, 4, 8, 16}) {
             const double us = time_us(st, std::max(2 * copies, 24), [&](int i) {
                 QuantFusedArgs a;
                 for (int m = 0; m < nmat; ++m) {
@@ -1400,12 +1447,13 @@ void fused_bench(cudaStream_t st, size_t l2_bytes, double copy) {
                 a.norm_w = fc.norm ? in.nw : nullptr;
                 a.eps = eps;
                 a.k = k;
-                a.rows = 1;
+                a.rows = rows;
                 launch_fused(f, st, a, fc.swiglu, QuantGemvPath::automatic);
             });
             const double gbs = double(bytes) / (us * 1e-6) / 1e9;
-            std::printf("bench fused %-26s k %5d %-13s rows 1: %8.2f us %7.0f GB/s %5.1f%% copy\n", fc.what, k, name_of(f), us,
-                        gbs, 100.0 * gbs / copy);
+            std::printf("bench fused %-26s k %5d %-13s rows %2d: %8.2f us %7.0f GB/s %5.1f%% copy\n", fc.what, k, name_of(f), rows,
+                        us, gbs, 100.0 * gbs / copy);
+            }
             for (auto& c : ws)
                 for (int m = 0; m < nmat; ++m) free_weights(c[m]);
             for (int m = 0; m < nmat; ++m) cudaFree(y[m]);
@@ -1616,7 +1664,7 @@ int main(int argc, char** argv) try {
                 };
                 for (const Check& ck : checks) {
                     const int rows = ck.rows;
-                    if (path == QuantGemvPath::tc1 && rows > tc1_rows()) continue;
+                    if (path == QuantGemvPath::tc1 && rows > tc1_top()) continue;
                     CK(cudaMemset(y, 0xff, sizeof(float) * rows * n));  // NaN: unwritten outputs fail
                     launch(f, path, st, args(rows, x, y, ck.epilogue, residual));
                     CK(cudaGetLastError());
@@ -1672,6 +1720,28 @@ int main(int argc, char** argv) try {
                 std::printf("check %6dx%-5d %-13s %-4s batch invariance (%d rows vs each alone, +bias+residual): %zu of %zu "
                             "outputs differ -> %s\n",
                             n, k, name_of(f), name_of(path), inv_rows, differ, size_t(inv_rows) * n, differ ? "FAILED" : "ok");
+                for (const Regime& rg : kStagedRegimes) {
+                    if (path != QuantGemvPath::tc1 || rg.hi > tc1_top()) continue;
+                    // A regime above 2 rows: its largest batch in one launch against each row as the
+                    // first of a launch of its smallest (later launches never write that row).
+                    CK(cudaMemset(y, 0xff, sizeof(float) * kMaxRows * n));
+                    CK(cudaMemset(y_alone, 0xff, sizeof(float) * kMaxRows * n));
+                    launch(f, path, st, args(rg.hi, x, y, true, residual));
+                    const std::string how = split_of(path, rg.hi);
+                    for (int r = 0; r < rg.hi; ++r)
+                        launch(f, path, st, args(rg.lo, x + size_t(r) * k, y_alone + size_t(r) * n, true, residual + size_t(r) * n));
+                    CK(cudaGetLastError());
+                    CK(cudaStreamSynchronize(st));
+                    CK(cudaMemcpy(hy.data(), y, sizeof(float) * rg.hi * n, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(hy_alone.data(), y_alone, sizeof(float) * rg.hi * n, cudaMemcpyDeviceToHost));
+                    size_t diff3 = 0;
+                    for (size_t i = 0; i < size_t(rg.hi) * n; ++i) diff3 += std::memcmp(&hy[i], &hy_alone[i], 4) != 0 ? 1 : 0;
+                    failures += diff3 ? 1 : 0;
+                    std::printf("check %6dx%-5d %-13s %-4s%s batch invariance (%d rows vs launches of %d, +bias+residual): %zu of %zu "
+                                "outputs differ -> %s\n",
+                                n, k, name_of(f), name_of(path), how.c_str(), rg.hi, rg.lo, diff3, size_t(rg.hi) * n,
+                                diff3 ? "FAILED" : "ok");
+                }
                 if (path == QuantGemvPath::smem) {
                     // One token row through the cp.async ring at every depth: the register path's bits.
                     qdetail::qsmem_pipe_override() = 0;
@@ -1739,7 +1809,7 @@ int main(int argc, char** argv) try {
             }
             for (const Run& run : runs)
                 for (int rows : bench_rows) {
-                    if ((run.depth != -2 && rows != 1) || (run.path == QuantGemvPath::tc1 && rows > tc1_rows())) continue;
+                    if ((run.depth != -2 && rows != 1) || (run.path == QuantGemvPath::tc1 && rows > tc1_top())) continue;
                     qdetail::qsmem_pipe_override() = run.depth;
                     const QuantGemvPath path = run.path;
                     const double us = time_us(st, std::max(2 * copies, 24), [&](int i) {
