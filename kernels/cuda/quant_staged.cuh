@@ -423,15 +423,19 @@ inline int qstaged_slices_override() {
     return v;
 }
 
-// The kernel may take the device's opt-in shared memory (set once per instantiation).
+// The kernel may take the device's opt-in shared memory (set once per instantiation, on the device
+// current then: the runtime drives one GPU per process; the plan cache below assumes it too).
 template <class F, int TN, bool SWIGLU, bool NORM>
 bool qstaged_ready() {
     static const bool set = [] {
         int optin = 0, dev = 0;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-        return cudaFuncSetAttribute(quant_staged_kernel<F, TN, SWIGLU, NORM>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin) ==
-               cudaSuccess;
+        if (cudaFuncSetAttribute(quant_staged_kernel<F, TN, SWIGLU, NORM>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin) ==
+            cudaSuccess)
+            return true;
+        cudaGetLastError();  // the launches fall back to quant_mma_kernel
+        return false;
     }();
     return set;
 }
@@ -443,8 +447,10 @@ int qstaged_resident_blocks(size_t smem, int c) {
     if (c == 1) {
         int blocks = 0;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_staged_kernel<F, TN, SWIGLU, NORM>, kQsWarps * kWarp, smem) !=
-            cudaSuccess)
+            cudaSuccess) {
+            cudaGetLastError();
             return 0;
+        }
         return blocks * device_sm_count();
     }
     cudaLaunchConfig_t cfg = {};
@@ -560,7 +566,13 @@ bool launch_quant_staged_tn(const Ctx& c, const QuantFusedArgs& a, const QStaged
     attr[1].val.clusterDim.z = plan.slices;
     cfg.attrs = attr;
     cfg.numAttrs = plan.slices > 1 ? 2 : 1;
-    return cudaLaunchKernelEx(&cfg, quant_staged_kernel<F, TN, SWIGLU, NORM>, a, sc, plan.waves, qstaged_trigger_late(a.rows) ? 1 : 0) == cudaSuccess;
+    // A refused launch falls back to quant_mma_kernel: its error is consumed here so that the caller's
+    // next error check does not report a launch that was made another way.
+    if (cudaLaunchKernelEx(&cfg, quant_staged_kernel<F, TN, SWIGLU, NORM>, a, sc, plan.waves, qstaged_trigger_late(a.rows) ? 1 : 0) ==
+        cudaSuccess)
+        return true;
+    cudaGetLastError();
+    return false;
 }
 
 // Launches 3-16 token rows; false (nothing launched) when the kernel does not take them.

@@ -230,6 +230,7 @@ void launch_as(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path) {
     if (path == QuantGemvPath::smem && a.rows <= 8 && !qdetail::quant_smem_fits<F>(qdetail::fused_of(a)))
         die(text("the shared-memory path does not take %dx%d (or the pointers' alignment)", a.n, a.k));
     qdetail::qmma1_last_split() = {0, 0};
+    qdetail::qstaged_last_plan() = {};  // a launch that never reaches the staged kernel prints no stale plan
     quant_linear<F>(c, a, path);
     expect_tc1_ran(path, a.rows, (a.n + 15) / 16, a.k / 128);
 }
@@ -815,6 +816,7 @@ void launch_fused_as(const Ctx& c, const QuantFusedArgs& a, bool swiglu, QuantGe
     if (path == QuantGemvPath::smem && a.rows <= 8 && !qdetail::quant_smem_fits<F>(a))
         die(text("the shared-memory path declined k = %d", a.k));
     bool ran;
+    qdetail::qstaged_last_plan() = {};
     qdetail::qmma1_last_split() = {0, 0};
     if (swiglu && path == QuantGemvPath::tc1 && a.rows >= 2 && a.rows <= tc1_rows()) {
         // As the model's qlinear_swiglu: the gate and up rows grouped into a scratch, then silu * mul.
