@@ -13,9 +13,11 @@
 // Five kernels (quant_linear below picks one per shape and row count, see quant_gemv_mode()):
 //  * quant_mma1_kernel (quant_mma1.cuh; MLX int4 at 1-2 token rows): int8 tensor cores, x as exact
 //    base-256 digits, the MMA's columns as groups;
-//  * quant_staged_kernel (quant_staged.cuh; MLX int4 at 9-16 token rows, and 3-8 rows of launches
-//    of >= 32 MiB): quant_mma_kernel's arithmetic with x staged once per block in shared memory;
-//  * quant_mma_kernel (the default from 2 token rows; MLX int4 from 3): tensor cores, weights as the MMA's A operand,
+//  * quant_staged_kernel (quant_staged.cuh; MLX int4 at 9-64 token rows, 17+ in passes of 16, and
+//    3-8 rows of launches of >= 32 MiB; 65-256 rows where cuBLASLt declines): quant_mma_kernel's
+//    arithmetic with x staged once per block in shared memory;
+//  * quant_mma_kernel (the default from 2 token rows; MLX int4 at 3-8 rows of smaller launches; int8
+//    and fp8 up to cuBLASLt's rows, quant_prefill.cuh): tensor cores, weights as the MMA's A operand,
 //    x as bf16 hi + lo; described at its definition and in docs/CUDA.md, "Quantized GEMV";
 //  * quant_smem_kernel (the default for 1 token row; 1-8 rows with SCR_CUDA_QUANT_GEMV=smem): SIMT,
 //    x staged in shared memory, int4 nibbles as exact float32 denormals; its one-row launches that
@@ -557,11 +559,13 @@ __host__ __device__ __forceinline__ void qunpack_row_bf16(uint32_t w, uint32_t (
 // SwiGLU: two tiles (gate and up rows) and half the chunks per round, so the bytes in flight per
 // warp stay those of one matrix (registers). (Twice the chunks per round at 1-8 token rows was
 // measured slower end to end on the H200: docs/CUDA.md, issue #9.)
+// MLX int4 chunks per load round for MT tiles (quant_staged_kernel and its plan use the same rule).
+__host__ __device__ constexpr int qaffine_chunks_per_round(int mt) { return 2 / mt; }
 template <class F, int TN, bool SWIGLU = false>
 struct QMmaShape {
     static constexpr int MT = SWIGLU ? 2 : 1;
     static constexpr bool kPipe = TN == 1;
-    static constexpr int U = (F::kAffine ? 2 : 4) / MT;
+    static constexpr int U = F::kAffine ? qaffine_chunks_per_round(MT) : 4 / MT;
 };
 
 // Warps splitting K: as many as divide the row's chunks, up to 8 (depends on K only).
@@ -591,6 +595,30 @@ __device__ __forceinline__ float qgroup_param(const uint32_t (&r)[2], int j) {
     ST v;
     v.bits = uint16_t(j & 1 ? r[j >> 1] >> 16 : r[j >> 1]);
     return to_f32(v);
+}
+
+// The MLX int4 tensor-core kernels' arithmetic per packed word, shared by quant_mma_kernel (which
+// builds the B fragments from x per lane) and quant_staged_kernel (which loads them from shared
+// memory). One word: 16 k of a 16-row tile (A fragments a0: rows g, a8: rows g + 8) against one
+// 8-token tile of x split into bf16 hi + lo, four MMAs into the group's partial sums c.
+__device__ __forceinline__ void qmma_word_hilo(float (&c)[4], const uint32_t (&a0)[4], const uint32_t (&a8)[4], const uint32_t (&bh)[4],
+                                               const uint32_t (&bl)[4]) {
+    qmma_bf16_16816(c, a0[0], a8[0], a0[1], a8[1], bh[0], bh[1]);
+    qmma_bf16_16816(c, a0[2], a8[2], a0[3], a8[3], bh[2], bh[3]);
+    qmma_bf16_16816(c, a0[0], a8[0], a0[1], a8[1], bl[0], bl[1]);
+    qmma_bf16_16816(c, a0[2], a8[2], a0[3], a8[3], bl[2], bl[3]);
+}
+// A group's end: acc += scale * C' + bias * X for rows g (h = 0) and g + 8 (h = 1) of the tile,
+// xc0 / xc1 the group sums of x of the lane's token columns 2t / 2t + 1.
+template <typename ST>
+__device__ __forceinline__ void qgroup_affine(float (&acc)[4], const float (&cg)[4], const uint32_t (&s)[2][2], const uint32_t (&b)[2][2],
+                                              int grp, float xc0, float xc1) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float sc = qgroup_param<ST>(s[h], grp), bi = qgroup_param<ST>(b[h], grp);
+        acc[2 * h] = fmaf(bi, xc0, fmaf(sc, cg[2 * h], acc[2 * h]));
+        acc[2 * h + 1] = fmaf(bi, xc1, fmaf(sc, cg[2 * h + 1], acc[2 * h + 1]));
+    }
 }
 
 // Which matrix of a grouped launch global row n belongs to; n becomes its row there.
@@ -739,14 +767,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const _
 #pragma unroll
                         for (int q = 0; q < 4; ++q) qsplit_bf16x2(xv[q], xv[q + 4], bh[q], bl[q]);
 #pragma unroll
-                        for (int m = 0; m < MT; ++m) {
-                            const uint32_t(&a0)[4] = a[m][0];
-                            const uint32_t(&a8)[4] = a[m][1];
-                            qmma_bf16_16816(cg[m][n], a0[0], a8[0], a0[1], a8[1], bh[0], bh[1]);
-                            qmma_bf16_16816(cg[m][n], a0[2], a8[2], a0[3], a8[3], bh[2], bh[3]);
-                            qmma_bf16_16816(cg[m][n], a0[0], a8[0], a0[1], a8[1], bl[0], bl[1]);
-                            qmma_bf16_16816(cg[m][n], a0[2], a8[2], a0[3], a8[3], bl[2], bl[3]);
-                        }
+                        for (int m = 0; m < MT; ++m) qmma_word_hilo(cg[m][n], a[m][0], a[m][1], bh, bl);
                     }
                     if (wd % WPG == WPG - 1) {
                         const int grp = wd / WPG;
@@ -759,15 +780,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const _
                             const float xc0 = __shfl_sync(0xffffffffu, xsum, 8 * t);
                             const float xc1 = __shfl_sync(0xffffffffu, xsum, 8 * t + 4);
 #pragma unroll
-                            for (int m = 0; m < MT; ++m)
-#pragma unroll
-                                for (int h = 0; h < 2; ++h) {
-                                    const float sc = qgroup_param<ST>(r.s[u][m][h], grp), bi = qgroup_param<ST>(r.b[u][m][h], grp);
-                                    float& v0 = acc[m][n][2 * h];
-                                    float& v1 = acc[m][n][2 * h + 1];
-                                    v0 = fmaf(bi, xc0, fmaf(sc, cg[m][n][2 * h], v0));
-                                    v1 = fmaf(bi, xc1, fmaf(sc, cg[m][n][2 * h + 1], v1));
-                                }
+                            for (int m = 0; m < MT; ++m) qgroup_affine<ST>(acc[m][n], cg[m][n], r.s[u][m], r.b[u][m], grp, xc0, xc1);
                         }
                     }
                 }
@@ -1733,7 +1746,7 @@ void quant_linear(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path = Q
             const QuantFusedArgs fa = qdetail::fused_of(a);
             if (qdetail::quant_mma1_fits<F>(fa) && qdetail::launch_quant_mma1<F, false, false>(c, fa)) return;
         }
-        if (path == QuantGemvPath::tc1 && a.rows >= qdetail::kQsMinRows && a.rows <= qdetail::kQsMaxRows &&
+        if (path == QuantGemvPath::tc1 && a.rows >= qdetail::kQsMinRows && a.rows <= qdetail::qstaged_max_rows() &&
             qdetail::launch_quant_staged<F, false, false>(c, qdetail::fused_of(a)))
             return;
     }
@@ -1785,7 +1798,7 @@ bool quant_linear_fused(const Ctx& c, const QuantFusedArgs& a, QuantGemvPath pat
         if (path == QuantGemvPath::tc1 && a.rows <= qdetail::qmma1_max_rows() && qdetail::quant_mma1_fits<F>(a) &&
             qdetail::launch_quant_mma1<F, SWIGLU, NORM>(c, a))
             return true;
-        if (path == QuantGemvPath::tc1 && a.rows >= qdetail::kQsMinRows && a.rows <= qdetail::kQsMaxRows &&
+        if (path == QuantGemvPath::tc1 && a.rows >= qdetail::kQsMinRows && a.rows <= qdetail::qstaged_max_rows() &&
             qdetail::launch_quant_staged<F, SWIGLU, NORM>(c, a))
             return true;
     }

@@ -1,6 +1,6 @@
 // Prefill-sized quantized linears on cuBLASLt (issue #9): the quantized kernels re-read every weight
 // once per 64 token rows and were 4x slower than the bf16 build at prefill. From
-// quant_prefill_min_rows() rows on, quant_linear / quant_linear_fused hand a call to
+// quant_prefill_min_rows<F>() rows on, quant_linear / quant_linear_fused hand a call to
 // cuda_rt::prefill_linears_bf16 (runtime/cuda/prefill_gemm.hpp) with a WeightExpander that writes
 // each matrix right before its GEMMs:
 //  * MLX int4: the dequantized weight, w = fma(q, s, b) in float32 as the CPU's at(), as two bf16
@@ -10,8 +10,10 @@
 // tests/cuda/quant_gemv_test.cu). The folded RMSNorm, Q/K/V grouping, bias, residual and SwiGLU are
 // prefill_linears_bf16's own.
 //
-// Decode never comes here: the default threshold is above the largest decode bucket (256 rows, the
-// CUDA graphs' largest batch), so a decode row's bits never depend on this path.
+// Decode batches come here from quant_prefill_min_rows<F>() rows (MLX int4 65, int8 33; fp8 only
+// above the largest decode bucket, 256 rows). cuBLASLt's decode buckets (33-64, 65-256 rows: one
+// algorithm per shape each, prefill_gemm.hpp) keep those rows batch-invariant inside a bucket;
+// above 256 rows (prefill) results may depend on the call's row count.
 #pragma once
 // Included by quant_linear.cuh (after quant_mma1.cuh), not on its own.
 
@@ -21,17 +23,32 @@
 
 namespace scr::kernels::cuda::qdetail {
 
-// Token rows from which quantized linears go to cuBLASLt: one above the largest decode bucket
-// (cuda_rt::cublas_decode_max_rows(), 256), or SCR_CUDA_QUANT_PREFILL_MIN_ROWS (0 turns the path
-// off; values up to the decode bucket would put decode batches here, for A/B runs only).
-inline int quant_prefill_min_rows() {
+// Token rows from which quantized linears of format F go to cuBLASLt. Measured on the H200
+// (docs/CUDA.md "Session 30", decode tok/s against the quantized kernels):
+//  * MLX int4 from 65 rows, the first row past the staged kernel's passes (quant_staged.cuh): 8B
+//    batch 128 4,172 against 2,500, 256 5,836 against 2,562; 1B 1.55x / 2.41x. At 64 rows the
+//    passes are faster (each expanded weight costs its hi + lo writes every step);
+//  * int8 from 33 rows, cuBLASLt's first decode bucket (a code is exact in bf16: one GEMM): 8B
+//    batch 64 4,743-4,765 against 3,287-3,298, 128 7,496 against 3,240-3,249, 256 10.9k against 3.17k;
+//  * fp8 (not measured) above the largest decode bucket (cuda_rt::cublas_decode_max_rows(), 256).
+// SCR_CUDA_QUANT_PREFILL_MIN_ROWS=n sets every format's (0 turns the path off; A/B runs).
+constexpr int kQuantPrefillMinRowsInt4 = 65, kQuantPrefillMinRowsInt8 = 33;
+inline int quant_prefill_min_rows_env() {
     static const int v = [] {
         const char* e = std::getenv("SCR_CUDA_QUANT_PREFILL_MIN_ROWS");
-        if (!e || !*e) return cuda_rt::cublas_decode_max_rows() + 1;
+        if (!e || !*e) return -1;
         const int r = std::atoi(e);
         return r > 0 ? r : 0;
     }();
     return v;
+}
+template <class F>
+int quant_prefill_min_rows() {
+    const int forced = quant_prefill_min_rows_env();
+    if (forced >= 0) return forced;
+    if constexpr (F::kAffine) return kQuantPrefillMinRowsInt4;
+    else if constexpr (!F::kFp8) return kQuantPrefillMinRowsInt8;
+    else return cuda_rt::cublas_decode_max_rows() + 1;
 }
 
 // MLX int4 matrix `m` ([n][k]) dequantized as bf16 hi + lo: one thread per 8 consecutive weights of
@@ -105,7 +122,7 @@ inline int& quant_prefill_calls() {
 // were; 0 when cuBLASLt declined: nothing written). Fewer only if a cuBLASLt call failed midway.
 template <class F, bool SWIGLU, bool NORM>
 int quant_prefill(const Ctx& c, const QuantFusedArgs& a) {
-    const int min_rows = quant_prefill_min_rows();
+    const int min_rows = quant_prefill_min_rows<F>();
     if (min_rows == 0 || a.rows < min_rows || a.k % 16 != 0) return 0;
     cuda_rt::GemmOut outs[cuda_rt::kMaxGemmOuts];
     const int count = SWIGLU ? 1 : a.nmat;

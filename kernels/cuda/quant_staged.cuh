@@ -1,4 +1,4 @@
-// MLX int4 decode of 3-16 token rows on tensor cores with x staged once per block
+// MLX int4 decode of 3-256 token rows on tensor cores with x staged once per block (17+ in passes of 16)
 // (quant_staged_kernel; issue #9). Included from quant_linear.cuh; docs/CUDA.md "Session 29".
 //
 // Why another kernel. quant_mma_kernel (quant_linear.cuh) gives each 16-row weight tile its own
@@ -21,8 +21,9 @@
 // Batch invariance: the slices, waves and row groups depend on the shape only (qstaged_plan, sized
 // for 16 rows), the MMA's token columns are independent, staging sums are per token in a fixed
 // order: a row's bits are the same for any number of rows of one regime. Which launches come here
-// is qstaged_takes's rule (9-16 rows; 3-8 rows of large launches): the MLX int4 regimes are
-// 1-2 | 3-8 | 9-16 | 17+ rows, one kernel per shape in each.
+// is qstaged_takes's rule (9-256 rows; 3-8 rows of large launches): the MLX int4 regimes are
+// 1-2 | 3-8 | 9-64 | 65-256 | 257+ rows (65+ on cuBLASLt, what it declines here), one kernel per
+// shape in each.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -45,7 +46,7 @@ template <class F, int TN, bool SWIGLU, bool NORM>
 __global__ void __launch_bounds__(kQsWarps * kWarp, 2) quant_staged_kernel(const __grid_constant__ QuantFusedArgs p, int sc, int waves, int trigger_late) {
     using ST = typename F::Scale;
     constexpr int MT = SWIGLU ? 2 : 1;
-    constexpr int U = SWIGLU ? 1 : 2;  // chunks per load round (registers: SwiGLU loads two tiles)
+    constexpr int U = qaffine_chunks_per_round(MT);  // chunks per load round (registers: SwiGLU loads two tiles)
     constexpr int CK = 128;
     constexpr int GPC = CK / F::kGroup;
     constexpr int WPG = F::kWordsPerGroup;
@@ -133,17 +134,11 @@ __global__ void __launch_bounds__(kQsWarps * kWarp, 2) quant_staged_kernel(const
                     for (int h = 0; h < 2; ++h) qunpack_u4_bf16(wq[m][h][wd], a[m][h]);
 #pragma unroll
                 for (int n = 0; n < TN; ++n) {
-                    const uint4 bh = xf[((c * 4 + wd) * TN + n) * 64 + lane];
-                    const uint4 bl = xf[((c * 4 + wd) * TN + n) * 64 + 32 + lane];
+                    const uint4 vh = xf[((c * 4 + wd) * TN + n) * 64 + lane];
+                    const uint4 vl = xf[((c * 4 + wd) * TN + n) * 64 + 32 + lane];
+                    const uint32_t bh[4] = {vh.x, vh.y, vh.z, vh.w}, bl[4] = {vl.x, vl.y, vl.z, vl.w};
 #pragma unroll
-                    for (int m = 0; m < MT; ++m) {
-                        const uint32_t(&a0)[4] = a[m][0];
-                        const uint32_t(&a8)[4] = a[m][1];
-                        qmma_bf16_16816(cg[m][n], a0[0], a8[0], a0[1], a8[1], bh.x, bh.y);
-                        qmma_bf16_16816(cg[m][n], a0[2], a8[2], a0[3], a8[3], bh.z, bh.w);
-                        qmma_bf16_16816(cg[m][n], a0[0], a8[0], a0[1], a8[1], bl.x, bl.y);
-                        qmma_bf16_16816(cg[m][n], a0[2], a8[2], a0[3], a8[3], bl.z, bl.w);
-                    }
+                    for (int m = 0; m < MT; ++m) qmma_word_hilo(cg[m][n], a[m][0], a[m][1], bh, bl);
                 }
                 if (wd % WPG == WPG - 1) {
                     const int grp = wd / WPG;
@@ -151,15 +146,7 @@ __global__ void __launch_bounds__(kQsWarps * kWarp, 2) quant_staged_kernel(const
                     for (int n = 0; n < TN; ++n) {
                         const float2 xc = *reinterpret_cast<const float2*>(xsum + (c * 4 + grp) * 16 + n * 8 + 2 * t);
 #pragma unroll
-                        for (int m = 0; m < MT; ++m)
-#pragma unroll
-                            for (int h = 0; h < 2; ++h) {
-                                const float s = qgroup_param<ST>(r.s[u][m][h], grp), bi = qgroup_param<ST>(r.b[u][m][h], grp);
-                                float& v0 = acc[m][n][2 * h];
-                                float& v1 = acc[m][n][2 * h + 1];
-                                v0 = fmaf(bi, xc.x, fmaf(s, cg[m][n][2 * h], v0));
-                                v1 = fmaf(bi, xc.y, fmaf(s, cg[m][n][2 * h + 1], v1));
-                            }
+                        for (int m = 0; m < MT; ++m) qgroup_affine<ST>(acc[m][n], cg[m][n], r.s[u][m], r.b[u][m], grp, xc.x, xc.y);
                     }
                 }
             }
@@ -355,19 +342,20 @@ __global__ void __launch_bounds__(kQsWarps * kWarp, 2) quant_staged_kernel(const
 // cluster's blocks), waves of 8 row tiles per block, row groups (blocks along x).
 struct QStagedPlan {
     int slices = 0, waves = 1, row_groups = 1;
-    size_t smem = 0;  // for 16 rows
 };
 
 // Which launches take this kernel (SCR_CUDA_QUANT_STAGED, read once):
-//   1 or unset (the rule): 9-16 token rows always; 3-8 rows only for launches of at least
+//   1 or unset (the rule): 9-256 token rows always (17+ in passes of 16; from 65 only what cuBLASLt
+//     declines, quant_prefill.cuh); 3-8 rows only for launches of at least
 //     kQsLowMinKiB KiB of packed nibbles (16-row tiles x 128-k chunks, 1 KiB each; SwiGLU's gate and
 //     up both count). Smaller launches of 3-8 rows measured faster end to end on quant_mma_kernel,
-//     whose 8 warps per tile split K inside one block (the H200, docs/CUDA.md "Session 29": the 1B's
-//     gate/up, 16 MiB, 3,352-3,362 against 3,566-3,583 tok/s at batch 3; the 8B's, 56 MiB, 866-867
-//     against 770-772); so the MLX int4 regimes are 1-2 | 3-8 | 9-16 | 17+ rows, each on one kernel
-//     per shape;
-//   all: every launch of 3-16 rows (A/B runs);
-//   0: none, 3-16 rows on quant_mma_kernel as before session 29 (A/B runs).
+//     whose 8 warps per tile split K inside one block (the H200, docs/CUDA.md "Session 29", batch 3:
+//     the 1B with its gate/up, 16 MiB, here 3,352-3,362 tok/s against 3,680-3,681 with only its
+//     lm_head here; the 8B's gate/up, 56 MiB, here 866-867 against 770-772); so the MLX int4
+//     regimes are 1-2 | 3-8 | 9-64 | 65-256 | 257+ rows (65+: cuBLASLt, quant_prefill.cuh, and
+//     here what it declines), each on one kernel per shape;
+//   all: every launch of 3-256 rows (A/B runs);
+//   0: none, 3-256 rows on quant_mma_kernel as before session 29 (A/B runs).
 // SCR_CUDA_QUANT_STAGED_SLICES=C (1, 2, 4, 8) forces the K slices where they divide K and fit.
 enum class QStagedMode { rule, all, off };
 constexpr int kQsLowMaxRows = 8, kQsLowMinKiB = 32 << 10;
@@ -383,24 +371,54 @@ inline QStagedMode qstaged_mode() {
     return m;
 }
 inline bool qstaged_on() { return qstaged_mode() != QStagedMode::off; }
+// Launches of 17..qstaged_max_rows() rows run as passes of 16 rows, each a launch of the 16-row
+// kernel (the same plan, TN = 2) that reads the weights again: a row's bits are those of the 9-16
+// regime. quant_mma_kernel, which took 17+ rows before, re-reads x per tile and spills at 32-64
+// token columns: on the H200 ("Session 30") the 8B's 28672x4096 at 64 rows takes 239 us in 4
+// passes against 581 us there, at 32 rows 119 against 187 (the 8B int4 batch 64 3,095 against
+// 2,433 tok/s). From 65 rows MLX int4 goes to cuBLASLt (quant_prefill_min_rows); the passes reach
+// 256 rows for what cuBLASLt declines there (a matrix over its 1 GiB of expanded weights: the 8B's
+// lm_head). SCR_CUDA_QUANT_STAGED_UPTO=N (a multiple of 16 up to 256; 16: no passes) moves the
+// top (A/B runs).
+constexpr int kQsPassMaxRows = 256, kQsPassRows = kQsPassMaxRows;
+inline int qstaged_max_rows() {
+    static const int v = [] {
+        const char* e = std::getenv("SCR_CUDA_QUANT_STAGED_UPTO");
+        if (!e || !*e) return kQsPassRows;
+        const int n = std::atoi(e);
+        if (n < kQsMaxRows || n > kQsPassMaxRows || n % kQsMaxRows != 0) {
+            std::fprintf(stderr, "scr: SCR_CUDA_QUANT_STAGED_UPTO=%s is not a multiple of 16 from 16 to %d; using %d\n", e,
+                         kQsPassMaxRows, kQsPassRows);
+            return kQsPassRows;
+        }
+        return n;
+    }();
+    return v;
+}
 // SCR_CUDA_QUANT_STAGED_LOW_KIB=N replaces kQsLowMinKiB (A/B runs).
 inline int64_t qstaged_low_min_kib() {
     static const int64_t v = [] {
         const char* e = std::getenv("SCR_CUDA_QUANT_STAGED_LOW_KIB");
-        const long long n = e && *e ? std::atoll(e) : 0;
-        return n > 0 ? int64_t(n) : int64_t(kQsLowMinKiB);
+        if (!e || !*e) return int64_t(kQsLowMinKiB);
+        char* end = nullptr;
+        const long long n = std::strtoll(e, &end, 10);
+        if (*end != '\0' || n <= 0) {
+            std::fprintf(stderr, "scr: SCR_CUDA_QUANT_STAGED_LOW_KIB=%s is not a positive number of KiB; using %d\n", e, kQsLowMinKiB);
+            return int64_t(kQsLowMinKiB);
+        }
+        return int64_t(n);
     }();
     return v;
 }
 // Whether a launch of `rows` rows, `tiles` 16-row tiles (SwiGLU: both matrices') and `chunks`
 // 128-k chunks per row takes this kernel.
 inline bool qstaged_takes(int rows, int tiles, int chunks) {
-    if (rows < kQsMinRows || rows > kQsMaxRows || qstaged_mode() == QStagedMode::off) return false;
+    if (rows < kQsMinRows || rows > qstaged_max_rows() || qstaged_mode() == QStagedMode::off) return false;
     return qstaged_mode() == QStagedMode::all || rows > kQsLowMaxRows || int64_t(tiles) * chunks >= qstaged_low_min_kib();
 }
 // Where the kernel lets the next launch start: after its staging for 3-8 rows, after its last tile
 // for 9-16 (the H200, "Session 29": batch 16 on the 1B 12,817-12,923 against 12,249-12,268 tok/s
-// with the early trigger, 3-8 rows 1-4 % slower with the late one). The place changes no value.
+// with the early trigger, 3-8 rows 2-4.5 % slower with the late one). The place changes no value.
 // SCR_CUDA_QUANT_STAGED_TRIGGER=wait|loop forces one (A/B runs).
 inline bool qstaged_trigger_late(int rows) {
     static const int v = [] {
@@ -493,13 +511,13 @@ inline QStagedPlan qstaged_choose(int n_tiles, int chunks, int mt, int (*residen
         const double weight_bytes = double(n_tiles) * 16 * mt * chunks * 72.0;  // 64 B of nibbles + 8 B of g64 params
         const double x_bytes = double(rg) * chunks * 128 * 16 * 4;
         const double bw_us = (weight_bytes + 0.35 * x_bytes) / 3.3e6;
-        const int u = mt == 2 ? 1 : 2;
+        const int u = qaffine_chunks_per_round(mt);
         const double chain_us = waves * ((sc + u - 1) / u) * 0.45;
         double us = std::max(bw_us, chain_us) + 0.8 + 0.03 * sc + (c > 1 ? 0.7 * waves : 0.0);
         if (forced == c) us = -1.0;  // SCR_CUDA_QUANT_STAGED_SLICES, where it fits
         if (us < best_us) {
             best_us = us;
-            best = QStagedPlan{c, waves, rg, smem};
+            best = QStagedPlan{c, waves, rg};
         }
     }
     return best;
@@ -536,7 +554,7 @@ bool quant_staged_fits(const QuantFusedArgs& a) {
     } else {
         const auto aligned = [](const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
         constexpr size_t param_align = sizeof(typename F::Scale) * (128 / F::kGroup);
-        if (!qstaged_on() || a.rows < kQsMinRows || a.rows > kQsMaxRows || a.k % 128 != 0 || sizeof(typename F::Scale) != 2 ||
+        if (!qstaged_on() || a.rows < kQsMinRows || a.rows > qstaged_max_rows() || a.k % 128 != 0 || sizeof(typename F::Scale) != 2 ||
             !aligned(a.x, 16) || (a.norm_w && !aligned(a.norm_w, 16)))
             return false;
         for (int m = 0; m < a.nmat; ++m)
@@ -575,7 +593,8 @@ bool launch_quant_staged_tn(const Ctx& c, const QuantFusedArgs& a, const QStaged
     return false;
 }
 
-// Launches 3-16 token rows; false (nothing launched) when the kernel does not take them.
+// Launches 3-16 token rows (up to qstaged_max_rows in passes); false (nothing launched) when the
+// kernel does not take them.
 template <class F, bool SWIGLU, bool NORM>
 bool launch_quant_staged(const Ctx& c, const QuantFusedArgs& a) {
     qstaged_last_plan() = {};
@@ -586,9 +605,28 @@ bool launch_quant_staged(const Ctx& c, const QuantFusedArgs& a) {
     if (!qstaged_takes(a.rows, (n_total + 15) / 16 * (SWIGLU ? 2 : 1), a.k / 128)) return false;
     const QStagedPlan plan = qstaged_plan<F, SWIGLU, NORM>((n_total + 15) / 16, a.k / 128);
     if (plan.slices == 0) return false;
-    const bool ok = a.rows <= 8 ? launch_quant_staged_tn<F, 1, SWIGLU, NORM>(c, a, plan) : launch_quant_staged_tn<F, 2, SWIGLU, NORM>(c, a, plan);
-    if (ok) qstaged_last_plan() = plan;
-    return ok;
+    if (a.rows <= kQsMaxRows) {
+        const bool ok =
+            a.rows <= 8 ? launch_quant_staged_tn<F, 1, SWIGLU, NORM>(c, a, plan) : launch_quant_staged_tn<F, 2, SWIGLU, NORM>(c, a, plan);
+        if (ok) qstaged_last_plan() = plan;
+        return ok;
+    }
+    // Passes of 16 rows (SCR_CUDA_QUANT_STAGED_UPTO). A pass refused after the first (never seen: the
+    // same kernel and shape) leaves its rows and the rest to quant_mma_kernel, so nothing runs twice.
+    for (int r0 = 0; r0 < a.rows; r0 += kQsMaxRows) {
+        QuantFusedArgs pass = a;
+        pass.rows = std::min(kQsMaxRows, a.rows - r0);
+        pass.x = a.x + size_t(r0) * a.k;
+        for (int m = 0; m < a.nmat; ++m) pass.mat[m].y = a.mat[m].y + size_t(r0) * a.mat[m].n;
+        if (a.residual) pass.residual = a.residual + size_t(r0) * a.mat[0].n;
+        if (launch_quant_staged_tn<F, 2, SWIGLU, NORM>(c, pass, plan)) continue;
+        if (r0 == 0) return false;
+        pass.rows = a.rows - r0;
+        launch_quant_mma_rows<F, SWIGLU, NORM>(c, pass);
+        return true;
+    }
+    qstaged_last_plan() = plan;
+    return true;
 }
 
 }  // namespace scr::kernels::cuda::qdetail

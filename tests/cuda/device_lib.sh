@@ -22,7 +22,14 @@
 #                                     line: "KEY | batch: tok/s (run ahead) ...";
 #   make_model_any KEY                make_model, or (a quantized-only scr cannot make a bf16
 #                                     checkpoint) the same random bf16 checkpoint made by transformers
-#                                     with our config.json, as step make_py_KEY (1b / 8b only).
+#                                     with our config.json, as step make_py_KEY (1b / 8b only);
+#   bench_round KEY MODEL R BATCHES VARIANT...
+#                                     one round (R) of an interleaved A/B: per VARIANT, `scr cuda-bench
+#                                     MODEL --prompt $PROMPT (128) --decode 64 --prefill 0 --batches
+#                                     BATCHES` as step b_KEY_VARIANT_rR, then its decode_line. A variant
+#                                     is `default`, `base` (the scr in $SB: another build's defaults) or
+#                                     NAME=VALUE[+NAME=VALUE...] (all set; no + or spaces in values);
+#                                     the scr is $S/scr.
 summary=()
 decode_line() {
     echo "$1 | $(grep -E '^decode batch +[0-9]+:' "$OUT/$1.txt" | sed -E 's/^decode batch +([0-9]+): ([0-9]+) tok\/s sampling on the GPU \(([0-9]+) run ahead\).*/\1: \2 (\3)/' | tr '\n' ' ')"
@@ -98,4 +105,20 @@ for r in sorted(data, key=lambda r: -num(r[col["Warp Stall Sampling (All Samples
     n = num(r[col["Warp Stall Sampling (All Samples)"]])
     print(f"  {100.0 * n / max(total, 1):5.1f} %  lsb {num(r[col['stall_long_sb']]):5d}  {r[col['Source']].strip()[:80]}")
 PY
+}
+bench_round() {
+    local key=$1 model=$2 r=$3 batches=$4 v k e x
+    shift 4
+    for v in "$@"; do
+        k=${key}_$(printf %s "${v//SCR_CUDA_/}" | tr -c 'A-Za-z0-9' _)_r$r  # every name (less SCR_CUDA_) and value
+        e=
+        x=$S/scr
+        [ "$v" = default ] || [ "$v" = base ] || e=${v//+/ }
+        if [ "$v" = base ]; then
+            [ -n "${SB:-}" ] || { echo "variant base needs BASE=CARRY_DIR"; continue; }
+            x=$SB/scr
+        fi
+        step b_$k 200 env $e $x cuda-bench "$model" --prompt ${PROMPT:-128} --decode 64 --prefill 0 --batches "$batches"
+        decode_line b_$k
+    done
 }

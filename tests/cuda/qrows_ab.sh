@@ -49,17 +49,7 @@ for m in ${MODELS:-8b 1b}; do
         tail -6 "$OUT/logits_$m.txt"
     fi
     for r in $(seq 1 "${ROUNDS:-2}"); do
-        for v in ${VARIANTS:-default SCR_CUDA_QUANT_TC1_ROWS=1 SCR_CUDA_QUANT_TC1_SWIGLU=fused}; do
-            k=${m}_$(printf %s "${v//SCR_CUDA_/}" | tr -c 'A-Za-z0-9' _)_r$r  # every name (less SCR_CUDA_) and value
-            e=; x=$S/scr
-            [ "$v" = default ] || [ "$v" = base ] || e=${v//+/ }  # A=1+B=2: both (no + or spaces in values)
-            if [ "$v" = base ]; then
-                [ -n "$SB" ] || { echo "variant base needs BASE=CARRY_DIR"; continue; }
-                x=$SB/scr
-            fi
-            step b_$k 200 env $e $x cuda-bench $Q --prompt ${PROMPT:-128} --decode 64 --prefill 0 --batches ${BATCHES:-1,2,3,4,8}
-            decode_line b_$k
-        done
+        bench_round $m "$Q" $r ${BATCHES:-1,2,3,4,8} ${VARIANTS:-default SCR_CUDA_QUANT_TC1_ROWS=1 SCR_CUDA_QUANT_TC1_SWIGLU=fused}
     done
     rm -rf "$Q"
 done

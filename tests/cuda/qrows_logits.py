@@ -16,8 +16,11 @@ SCR_CUDA_QUANT_TC1_ROWS=1 (2+ rows on quant_mma_kernel, x as bf16 hi + lo):
     must stay within F (default 3) times it, per position, and the top token must agree unless the
     old top two are that close.
 With --mode staged (tests/cuda/qstaged_ab.sh): steps of 3-16 rows on quant_staged_kernel against
-SCR_CUDA_QUANT_STAGED=0 (quant_mma_kernel): prompts of 1, 2, 3, 8, 16 and 17 tokens; 3, 8 and 16
-must be within the tolerance, the others the same bits.
+SCR_CUDA_QUANT_STAGED=0 (quant_mma_kernel): prompts of 1, 2, 3, 8, 16 and 17 tokens; 3, 8, 16 and
+17 (passes of 16 since session 30) must be within the tolerance, 1 and 2 the same bits.
+With --mode passes (the default rule, or SCR_CUDA_QUANT_STAGED_UPTO=64+): steps of 17-64 rows as passes of
+16 rows on quant_staged_kernel against SCR_CUDA_QUANT_STAGED=0: prompts of 1, 2, 16, 17, 32 and 64
+tokens; 16-64 must be within the tolerance, 1 and 2 the same bits.
 Exit 0 only if every prompt passes.
 """
 import json, math, os, random, subprocess, sys
@@ -41,7 +44,8 @@ def rel(a, b):
 # mode: (the earlier path's environment, prompt lengths, lengths whose kernels differ)
 MODES = {
     "rows2": ({"SCR_CUDA_QUANT_TC1_ROWS": "1"}, (1, 2, 3, 4), {2}),
-    "staged": ({"SCR_CUDA_QUANT_STAGED": "0"}, (1, 2, 3, 8, 16, 17), {3, 8, 16}),
+    "staged": ({"SCR_CUDA_QUANT_STAGED": "0"}, (1, 2, 3, 8, 16, 17), {3, 8, 16, 17}),
+    "passes": ({"SCR_CUDA_QUANT_STAGED": "0"}, (1, 2, 16, 17, 32, 64), {16, 17, 32, 64}),
 }
 
 

@@ -197,9 +197,10 @@ const char* name_of(QuantGemvPath p) {
 // those of the grouped launch, not the one-row fused launch's, so its invariance check is the same
 // 2-row launch twice (the grouped cases check the grouped launch's 2 rows against each alone).
 int tc1_rows() { return qdetail::qmma1_max_rows(); }
-// The default path's MLX int4 launches of 3-16 rows run quant_staged_kernel (x staged once per
-// block) where its rule takes them, quant_mma_kernel otherwise: tc1 checks reach up to here.
-int tc1_top() { return qdetail::qstaged_on() ? qdetail::kQsMaxRows : tc1_rows(); }
+// The default path's MLX int4 launches of 3-16 rows (SCR_CUDA_QUANT_STAGED_UPTO: up to 64, in
+// passes of 16) run quant_staged_kernel (x staged once per block) where its rule takes them,
+// quant_mma_kernel otherwise: tc1 checks reach up to here.
+int tc1_top() { return qdetail::qstaged_on() ? qdetail::qstaged_max_rows() : tc1_rows(); }
 int invariance_rows(QuantGemvPath p) { return p == QuantGemvPath::smem ? 8 : p == QuantGemvPath::tc1 ? tc1_rows() : kMaxRows; }
 int invariance_alone_rows(QuantGemvPath p, bool swiglu) { return p == QuantGemvPath::tc1 && swiglu && tc1_rows() >= 2 ? 2 : 1; }
 // The one-row tensor-core kernel exists for the MLX int4 formats only.
@@ -216,11 +217,26 @@ void expect_tc1_ran(QuantGemvPath path, int rows, int tiles, int chunks) {
         die(text("quant_staged_kernel declined a launch of %d rows (%d tiles)", rows, tiles));
 }
 // The MLX int4 regimes of the default path above 2 rows: [3, 8] and [9, 16] (quant_staged.cuh,
-// qstaged_takes: each on one kernel per shape).
+// qstaged_takes: each on one kernel per shape; with SCR_CUDA_QUANT_STAGED_UPTO, [9, UPTO]).
 struct Regime {
     int lo, hi;
 };
-constexpr Regime kStagedRegimes[] = {{3, 8}, {9, 16}};
+const Regime kStagedRegimes[] = {{3, 8}, {9, std::min(qdetail::qstaged_max_rows(), kMaxRows)}};
+
+// A batch-invariance comparison: outputs whose bits differ between the batched launch and the
+// launches of fewer rows, of how many, and the batched launch's split (split_of).
+struct Invariance {
+    size_t differ = 0, total = 0;
+    std::string how;
+    void add(const float* dev_batched, const float* dev_alone, size_t count) {
+        std::vector<float> a(count), b(count);
+        CK(cudaMemcpy(a.data(), dev_batched, sizeof(float) * count, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(b.data(), dev_alone, sizeof(float) * count, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < count; ++i) differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0 ? 1 : 0;
+        total += count;
+    }
+    const char* verdict() const { return differ ? "FAILED" : "ok"; }
+};
 
 // The tensor-core path must really run when asked for (quant_linear would quietly take the SIMT one).
 template <class F>
@@ -1059,53 +1075,37 @@ int fused_checks(cudaStream_t st) {
                             fc.what, k, name_of(f), name_of(path), split_of(path, rows).c_str(), rows, checked, worst, wrong,
                             unwritten, ok ? "ok" : "FAILED");
             }
-            // Batch invariance: 64 rows (smem: 8, tc1: 2) in one launch vs each row alone (tc1's
-            // SwiGLU: vs launches of 2 rows, invariance_alone_rows).
-            const int inv_rows = invariance_rows(path), alone = invariance_alone_rows(path, fc.swiglu);
-            for (int m = 0; m < nout; ++m) {
-                CK(cudaMemset(y[m], 0xff, sizeof(float) * kMaxRows * fc.n[m]));
-                CK(cudaMemset(y_alone[m], 0xff, sizeof(float) * kMaxRows * fc.n[m]));
-            }
-            launch_fused(f, st, args(inv_rows, 0, y), fc.swiglu, path);
-            for (int r = 0; r < inv_rows; r += alone) launch_fused(f, st, args(alone, r, y_alone), fc.swiglu, path);
-            CK(cudaGetLastError());
-            CK(cudaStreamSynchronize(st));
-            size_t differ = 0, total = 0;
-            for (int m = 0; m < nout; ++m) {
-                std::vector<float> a(size_t(inv_rows) * fc.n[m]), b(a.size());
-                CK(cudaMemcpy(a.data(), y[m], sizeof(float) * a.size(), cudaMemcpyDeviceToHost));
-                CK(cudaMemcpy(b.data(), y_alone[m], sizeof(float) * b.size(), cudaMemcpyDeviceToHost));
-                for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], 4) != 0 ? 1 : 0;
-                total += a.size();
-            }
-            failures += differ ? 1 : 0;
-            std::printf("check fused %-34s k %4d %-13s %-4s batch invariance (%d rows vs launches of %d): %zu of %zu outputs differ -> %s\n",
-                        fc.what, k, name_of(f), name_of(path), inv_rows, alone, differ, total, differ ? "FAILED" : "ok");
-            for (const Regime& rg : kStagedRegimes) {
-                if (path != QuantGemvPath::tc1 || rg.hi > tc1_top()) continue;
-                // A regime above 2 rows: its largest batch against each row as the first of a launch
-                // of its smallest.
+            // Batch invariance: `rows` rows in one launch against each row as the first of a launch
+            // of `alone` rows (a launch every `step` rows; later launches never write that row), the
+            // last rows' in the launch of the last `alone` rows (the buffers hold kMaxRows).
+            auto invariance = [&](int rows, int alone, int step) {
+                Invariance v;
                 for (int m = 0; m < nout; ++m) {
                     CK(cudaMemset(y[m], 0xff, sizeof(float) * kMaxRows * fc.n[m]));
                     CK(cudaMemset(y_alone[m], 0xff, sizeof(float) * kMaxRows * fc.n[m]));
                 }
-                launch_fused(f, st, args(rg.hi, 0, y), fc.swiglu, path);
-                const std::string how = split_of(path, rg.hi);
-                for (int r = 0; r < rg.hi; ++r) launch_fused(f, st, args(rg.lo, r, y_alone), fc.swiglu, path);
+                launch_fused(f, st, args(rows, 0, y), fc.swiglu, path);
+                v.how = split_of(path, rows);
+                for (int r = 0; r < rows; r += step) launch_fused(f, st, args(alone, std::min(r, rows - alone), y_alone), fc.swiglu, path);
                 CK(cudaGetLastError());
                 CK(cudaStreamSynchronize(st));
-                size_t diff3 = 0, total3 = 0;
-                for (int m = 0; m < nout; ++m) {
-                    std::vector<float> a(size_t(rg.hi) * fc.n[m]), b(a.size());
-                    CK(cudaMemcpy(a.data(), y[m], sizeof(float) * a.size(), cudaMemcpyDeviceToHost));
-                    CK(cudaMemcpy(b.data(), y_alone[m], sizeof(float) * b.size(), cudaMemcpyDeviceToHost));
-                    for (size_t i = 0; i < a.size(); ++i) diff3 += std::memcmp(&a[i], &b[i], 4) != 0 ? 1 : 0;
-                    total3 += a.size();
-                }
-                failures += diff3 ? 1 : 0;
+                for (int m = 0; m < nout; ++m) v.add(y[m], y_alone[m], size_t(rows) * fc.n[m]);
+                failures += v.differ ? 1 : 0;
+                return v;
+            };
+            // 64 rows (smem: 8, tc1: 2) vs each row alone (tc1's SwiGLU: vs launches of 2 rows,
+            // invariance_alone_rows).
+            const int inv_rows = invariance_rows(path), alone = invariance_alone_rows(path, fc.swiglu);
+            const Invariance all = invariance(inv_rows, alone, alone);
+            std::printf("check fused %-34s k %4d %-13s %-4s batch invariance (%d rows vs launches of %d): %zu of %zu outputs differ -> %s\n",
+                        fc.what, k, name_of(f), name_of(path), inv_rows, alone, all.differ, all.total, all.verdict());
+            for (const Regime& rg : kStagedRegimes) {
+                if (path != QuantGemvPath::tc1 || rg.hi > tc1_top()) continue;
+                // A regime above 2 rows: its largest batch against each row as the first of a launch of its smallest.
+                const Invariance v = invariance(rg.hi, rg.lo, 1);
                 std::printf("check fused %-34s k %4d %-13s %-4s%s batch invariance (%d rows vs launches of %d): %zu of %zu outputs "
                             "differ -> %s\n",
-                            fc.what, k, name_of(f), name_of(path), how.c_str(), rg.hi, rg.lo, diff3, total3, diff3 ? "FAILED" : "ok");
+                            fc.what, k, name_of(f), name_of(path), v.how.c_str(), rg.hi, rg.lo, v.differ, v.total, v.verdict());
             }
             if (path == QuantGemvPath::smem) {
                 // One token row through the cp.async ring at every depth: the register path's bits.
@@ -1596,7 +1596,7 @@ int main(int argc, char** argv) try {
     };
     const Check checks[] = {{1, false}, {2, false}, {3, false}, {4, false}, {8, false}, {13, false}, {16, false},
                             {kMaxRows, false}, {5, true}};
-    const int bench_rows[] = {1, 2, 4, 8, 16, 64};
+    const int bench_rows[] = {1, 2, 4, 8, 16, 32, 64};
     for (const Shape& sh : shapes) {
         const int n = sh.n, k = sh.k;
         float *x = nullptr, *y = nullptr, *y_alone = nullptr;
@@ -1704,45 +1704,38 @@ int main(int argc, char** argv) try {
                                 n, k, name_of(f), name_of(path), split_of(path, rows).c_str(), rows, ck.epilogue ? " +bias+residual" : "", checked, worst,
                                 std::sqrt(err2 / ref2), wrong, unwritten, ok ? "ok" : "FAILED");
                 }
-                // Batch invariance: each row alone (bias + residual too) against the same row in a batch
-                // of 64 (smem: of 8, its regime).
-                const int inv_rows = invariance_rows(path);
-                CK(cudaMemset(y, 0xff, sizeof(float) * kMaxRows * n));
-                CK(cudaMemset(y_alone, 0xff, sizeof(float) * kMaxRows * n));
-                launch(f, path, st, args(inv_rows, x, y, true, residual));
-                for (int r = 0; r < inv_rows; ++r)
-                    launch(f, path, st, args(1, x + size_t(r) * k, y_alone + size_t(r) * n, true, residual + size_t(r) * n));
-                CK(cudaGetLastError());
-                CK(cudaStreamSynchronize(st));
-                CK(cudaMemcpy(hy.data(), y, sizeof(float) * inv_rows * n, cudaMemcpyDeviceToHost));
-                CK(cudaMemcpy(hy_alone.data(), y_alone, sizeof(float) * inv_rows * n, cudaMemcpyDeviceToHost));
-                size_t differ = 0;
-                for (size_t i = 0; i < size_t(inv_rows) * n; ++i) differ += std::memcmp(&hy[i], &hy_alone[i], 4) != 0 ? 1 : 0;
-                failures += differ ? 1 : 0;
-                std::printf("check %6dx%-5d %-13s %-4s batch invariance (%d rows vs each alone, +bias+residual): %zu of %zu "
-                            "outputs differ -> %s\n",
-                            n, k, name_of(f), name_of(path), inv_rows, differ, size_t(inv_rows) * n, differ ? "FAILED" : "ok");
-                for (const Regime& rg : kStagedRegimes) {
-                    if (path != QuantGemvPath::tc1 || rg.hi > tc1_top()) continue;
-                    // A regime above 2 rows: its largest batch in one launch against each row as the
-                    // first of a launch of its smallest (later launches never write that row).
+                // Batch invariance (bias + residual too): `rows` rows in one launch against each row as
+                // the first of a launch of `alone` rows (later launches never write that row), the last
+                // rows' in the launch of the last `alone` rows (the buffers hold kMaxRows).
+                auto invariance = [&](int rows, int alone) {
+                    Invariance v;
                     CK(cudaMemset(y, 0xff, sizeof(float) * kMaxRows * n));
                     CK(cudaMemset(y_alone, 0xff, sizeof(float) * kMaxRows * n));
-                    launch(f, path, st, args(rg.hi, x, y, true, residual));
-                    const std::string how = split_of(path, rg.hi);
-                    for (int r = 0; r < rg.hi; ++r)
-                        launch(f, path, st, args(rg.lo, x + size_t(r) * k, y_alone + size_t(r) * n, true, residual + size_t(r) * n));
+                    launch(f, path, st, args(rows, x, y, true, residual));
+                    v.how = split_of(path, rows);
+                    for (int r = 0; r < rows; ++r) {
+                        const size_t at = size_t(std::min(r, rows - alone));
+                        launch(f, path, st, args(alone, x + at * k, y_alone + at * n, true, residual + at * n));
+                    }
                     CK(cudaGetLastError());
                     CK(cudaStreamSynchronize(st));
-                    CK(cudaMemcpy(hy.data(), y, sizeof(float) * rg.hi * n, cudaMemcpyDeviceToHost));
-                    CK(cudaMemcpy(hy_alone.data(), y_alone, sizeof(float) * rg.hi * n, cudaMemcpyDeviceToHost));
-                    size_t diff3 = 0;
-                    for (size_t i = 0; i < size_t(rg.hi) * n; ++i) diff3 += std::memcmp(&hy[i], &hy_alone[i], 4) != 0 ? 1 : 0;
-                    failures += diff3 ? 1 : 0;
+                    v.add(y, y_alone, size_t(rows) * n);
+                    failures += v.differ ? 1 : 0;
+                    return v;
+                };
+                // Each row alone against the same row in a batch of 64 (smem: of 8, its regime).
+                const int inv_rows = invariance_rows(path);
+                const Invariance all = invariance(inv_rows, 1);
+                std::printf("check %6dx%-5d %-13s %-4s batch invariance (%d rows vs each alone, +bias+residual): %zu of %zu "
+                            "outputs differ -> %s\n",
+                            n, k, name_of(f), name_of(path), inv_rows, all.differ, all.total, all.verdict());
+                for (const Regime& rg : kStagedRegimes) {
+                    if (path != QuantGemvPath::tc1 || rg.hi > tc1_top()) continue;
+                    // A regime above 2 rows: its largest batch against each row as the first of a launch of its smallest.
+                    const Invariance v = invariance(rg.hi, rg.lo);
                     std::printf("check %6dx%-5d %-13s %-4s%s batch invariance (%d rows vs launches of %d, +bias+residual): %zu of %zu "
                                 "outputs differ -> %s\n",
-                                n, k, name_of(f), name_of(path), how.c_str(), rg.hi, rg.lo, diff3, size_t(rg.hi) * n,
-                                diff3 ? "FAILED" : "ok");
+                                n, k, name_of(f), name_of(path), v.how.c_str(), rg.hi, rg.lo, v.differ, v.total, v.verdict());
                 }
                 if (path == QuantGemvPath::smem) {
                     // One token row through the cp.async ring at every depth: the register path's bits.

@@ -41,17 +41,7 @@ for m in ${MODELS:-8b 1b}; do
     make_model $m
     [ "${QUANT:-1}" = 1 ] && step quant_$m 300 $S/scr quantize "$M" "$M-int4" --preset mlx-int4-g64
     for r in $(seq 1 "${ROUNDS:-2}"); do
-        for v in ${VARIANTS:-default SCR_CUDA_LINEAR=gemv-to-8 SCR_CUDA_LINEAR=mma}; do
-            k=${m}_${v##*=}_r$r
-            e=; x=$S/scr
-            [ "$v" = default ] || [ "$v" = base ] || e=$v
-            if [ "$v" = base ]; then
-                [ -n "$SB" ] || { echo "variant base needs BASE=CARRY_DIR"; continue; }
-                x=$SB/scr
-            fi
-            step b_$k 200 env $e $x cuda-bench $M --prompt ${PROMPT:-128} --decode 64 --prefill 0 --batches ${BATCHES:-1,2,3,4,6,8,16}
-            decode_line b_$k
-        done
+        bench_round $m "$M" $r ${BATCHES:-1,2,3,4,6,8,16} ${VARIANTS:-default SCR_CUDA_LINEAR=gemv-to-8 SCR_CUDA_LINEAR=mma}
         if [ "${QUANT:-1}" = 1 ] && [ -d "$M-int4" ]; then
             step q_${m}_r$r 200 $S/scr cuda-bench $M-int4 --prompt ${PROMPT:-128} --decode 64 --prefill 0 --batches ${BATCHES:-1,2,3,4,6,8,16}
             decode_line q_${m}_r$r
