@@ -380,18 +380,19 @@ inline bool qstaged_on() { return qstaged_mode() != QStagedMode::off; }
 // 256 rows for what cuBLASLt declines there (a matrix over its 1 GiB of expanded weights: the 8B's
 // lm_head). SCR_CUDA_QUANT_STAGED_UPTO=N (a multiple of 16 up to 256; 16: no passes) moves the
 // top (A/B runs).
-constexpr int kQsPassMaxRows = 256, kQsPassRows = kQsPassMaxRows;
+constexpr int kQsPassMaxRows = 256;  // also the default
 inline int qstaged_max_rows() {
     static const int v = [] {
         const char* e = std::getenv("SCR_CUDA_QUANT_STAGED_UPTO");
-        if (!e || !*e) return kQsPassRows;
-        const int n = std::atoi(e);
-        if (n < kQsMaxRows || n > kQsPassMaxRows || n % kQsMaxRows != 0) {
+        if (!e || !*e) return kQsPassMaxRows;
+        char* end = nullptr;
+        const long n = std::strtol(e, &end, 10);
+        if (*end != '\0' || n < kQsMaxRows || n > kQsPassMaxRows || n % kQsMaxRows != 0) {
             std::fprintf(stderr, "scr: SCR_CUDA_QUANT_STAGED_UPTO=%s is not a multiple of 16 from 16 to %d; using %d\n", e,
-                         kQsPassMaxRows, kQsPassRows);
-            return kQsPassRows;
+                         kQsPassMaxRows, kQsPassMaxRows);
+            return kQsPassMaxRows;
         }
-        return n;
+        return int(n);
     }();
     return v;
 }
@@ -545,7 +546,7 @@ inline QStagedPlan& qstaged_last_plan() {
     return p;
 }
 
-// What the kernel takes: an MLX int4 format with 2-byte scales, 3-16 token rows, K in whole 128-k
+// What the kernel takes: an MLX int4 format with 2-byte scales, 3..qstaged_max_rows() token rows, K in whole 128-k
 // chunks, 16-byte aligned weights, x and norm weight, scales and biases aligned for their loads.
 template <class F>
 bool quant_staged_fits(const QuantFusedArgs& a) {
@@ -593,7 +594,7 @@ bool launch_quant_staged_tn(const Ctx& c, const QuantFusedArgs& a, const QStaged
     return false;
 }
 
-// Launches 3-16 token rows (up to qstaged_max_rows in passes); false (nothing launched) when the
+// Launches 3-16 token rows (up to qstaged_max_rows() in passes); false (nothing launched) when the
 // kernel does not take them.
 template <class F, bool SWIGLU, bool NORM>
 bool launch_quant_staged(const Ctx& c, const QuantFusedArgs& a) {
@@ -612,7 +613,8 @@ bool launch_quant_staged(const Ctx& c, const QuantFusedArgs& a) {
         return ok;
     }
     // Passes of 16 rows (SCR_CUDA_QUANT_STAGED_UPTO). A pass refused after the first (never seen: the
-    // same kernel and shape) leaves its rows and the rest to quant_mma_kernel, so nothing runs twice.
+    // same kernel and shape) leaves its rows and the rest to quant_mma_kernel, so nothing runs twice;
+    // those rows' bits would then be quant_mma_kernel's, not the regime's.
     for (int r0 = 0; r0 < a.rows; r0 += kQsMaxRows) {
         QuantFusedArgs pass = a;
         pass.rows = std::min(kQsMaxRows, a.rows - r0);

@@ -15,6 +15,7 @@
 
 #include "runtime/core/error.hpp"
 #include "runtime/core/thread_pool.hpp"
+#include "runtime/cuda/prefill_gemm.hpp"
 #include "runtime/cuda/startup.hpp"
 #include "runtime/cuda/step_copy.hpp"
 #include "runtime/weights/weight_set.hpp"
@@ -131,6 +132,7 @@ struct CudaGeneratedModel::Impl {
 
     std::vector<int> buckets;  // decode graph batch sizes
     std::map<int, cudaGraphExec_t> graphs;
+    unsigned long long graphs_scratch_epoch = 0;  // cuda_rt::cublas_scratch_epoch() when `graphs` was last emptied
     Stats stats;
 
     // Sampling on the GPU (forward_sample, launch_sample): per-row parameters in, token ids out,
@@ -456,6 +458,16 @@ void CudaGeneratedModel::Impl::launch(CudaGeneratedModel& model, const StepBatch
     ctx.attn_ws = static_cast<float*>(m.attn_ws);
     if (l.timed) SCR_CUDA(cudaEventRecord(m.t_begin[slot], m.stream));
     if (decode) {
+        // A graph captured before cuBLASLt's scratch was reallocated (a longer prefill since) holds
+        // the freed buffer's address: drop them all and capture again (after the pending step).
+        const unsigned long long epoch = cuda_rt::cublas_scratch_epoch();
+        if (epoch != m.graphs_scratch_epoch) {
+            if (!m.graphs.empty()) {
+                SCR_CUDA(cudaStreamSynchronize(m.stream));
+                m.drop_graphs();
+            }
+            m.graphs_scratch_epoch = epoch;
+        }
         auto it = m.graphs.find(rows);
         if (it == m.graphs.end()) {
             const auto t0 = std::chrono::steady_clock::now();

@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -274,6 +275,7 @@ struct State {
     bool broken = false;
     void* scratch = nullptr;
     size_t scratch_bytes = 0;
+    std::atomic<unsigned long long> epoch{0};  // scratch (re)allocations: cublas_scratch_epoch()
     struct Algo {
         cublasLtMatmulAlgo_t algo{};
         bool ok = false;
@@ -303,6 +305,7 @@ struct State {
             return nullptr;
         }
         scratch_bytes = want;
+        epoch.fetch_add(1, std::memory_order_release);
         return static_cast<std::byte*>(scratch);
     }
 
@@ -398,6 +401,8 @@ int cublas_decode_bucket(int rows) {
 }
 
 int cublas_decode_max_rows() { return kDecodeRows; }
+
+unsigned long long cublas_scratch_epoch() { return state().epoch.load(std::memory_order_acquire); }
 
 int cublas_min_rows() {
     static const int min_rows = [] {

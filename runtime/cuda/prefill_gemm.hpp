@@ -28,6 +28,11 @@ int cublas_decode_bucket(int rows);
 // rows are prefill, where results may depend on the call's row count.
 int cublas_decode_max_rows();
 
+// Counts the (re)allocations of the scratch below. A CUDA graph captured before the count moved
+// holds the freed scratch's address (or a fallback taken for want of scratch): its owner drops it
+// (runtime/cuda/cuda_model.cpp) and captures again.
+unsigned long long cublas_scratch_epoch();
+
 // One output of prefill_linears_bf16: y[rows][n] = x W^T (+ bias) (+ residual; may be y), or with
 // w_up set, y = silu(x W^T) * (x W_up^T) (no bias, no residual). W, W_up bf16 [n][k].
 struct GemmOut {

@@ -27,7 +27,8 @@
 #                                     one round (R) of an interleaved A/B: per VARIANT, `scr cuda-bench
 #                                     MODEL --prompt $PROMPT (128) --decode 64 --prefill 0 --batches
 #                                     BATCHES` as step b_KEY_VARIANT_rR, then its decode_line. A variant
-#                                     is `default`, `base` (the scr in $SB: another build's defaults) or
+#                                     is `default`, `base` (the scr in $SB, which qrows_ab.sh and
+#                                     regime_ab.sh set from BASE=CARRY_DIR: another build's defaults) or
 #                                     NAME=VALUE[+NAME=VALUE...] (all set; no + or spaces in values);
 #                                     the scr is $S/scr.
 summary=()

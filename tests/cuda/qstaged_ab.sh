@@ -7,8 +7,8 @@
 #       [SHAPES=...] [BF16=0] bash tests/cuda/qstaged_ab.sh CARRY_DIR
 # CARRY_DIR/bin.tar.xz: scr and scr_cuda_quant_gemv of a CUDA build with those models x
 # mlx-int4-g64 (tests/cuda/pack_carry.sh). A variant A=1+B=2 sets both.
-#   CHECKS=1: scr_cuda_quant_gemv --no-bench on the three MLX int4 formats (float64 bounds; 8 and 16 rows
-#             against each row in launches of 3 and 9, bit for bit), the same under compute-sanitizer's
+#   CHECKS=1: scr_cuda_quant_gemv --no-bench on the three MLX int4 formats (float64 bounds up to 64 rows;
+#             8, 17 and 64 rows against each row in launches of 3, 9 and 9, bit for bit), the same under compute-sanitizer's
 #             memcheck for g64 and g128; per model, `scr logits --all` of prompts of 1-17 tokens against
 #             SCR_CUDA_QUANT_STAGED=0 (tests/cuda/qrows_logits.py --mode staged);
 #   QGEMV=0: of the checks only the logits (no scr_cuda_quant_gemv, no memcheck);
@@ -29,8 +29,8 @@ S=$C
 if [ "${CHECKS:-1}" = 1 ] && [ "${QGEMV:-1}" = 1 ]; then
     step qgemv 500 $S/scr_cuda_quant_gemv --no-bench --formats mlx-int4-g32,mlx-int4-g64,mlx-int4-g128
     grep -E "FAILED|declined|checks passed|passed|failed" "$OUT/qgemv.txt" | tail -12
-    grep -cE "tc1 +s[0-9]+w[0-9]+g[0-9]+ rows +(3|4|5|8|13|16).* -> ok" "$OUT/qgemv.txt" | sed 's/^/staged value checks ok: /'
-    grep -cE "tc1 +s[0-9]+w[0-9]+g[0-9]+ rows +(3|4|5|8|13|16).* -> FAILED" "$OUT/qgemv.txt" | sed 's/^/staged value checks FAILED: /'
+    grep -cE "tc1 +s[0-9]+w[0-9]+g[0-9]+ rows +(3|4|5|8|13|16|64).* -> ok" "$OUT/qgemv.txt" | sed 's/^/staged value checks ok: /'
+    grep -cE "tc1 +s[0-9]+w[0-9]+g[0-9]+ rows +(3|4|5|8|13|16|64).* -> FAILED" "$OUT/qgemv.txt" | sed 's/^/staged value checks FAILED: /'
     grep -E "vs launches of (3|9)" "$OUT/qgemv.txt" | grep -c " -> ok" | sed 's/^/staged invariance checks ok: /'
     grep -E "vs launches of (3|9)" "$OUT/qgemv.txt" | grep -v " -> ok" | head -5
     if [ -n "${UPTO:-}" ]; then

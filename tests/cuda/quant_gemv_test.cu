@@ -197,9 +197,9 @@ const char* name_of(QuantGemvPath p) {
 // those of the grouped launch, not the one-row fused launch's, so its invariance check is the same
 // 2-row launch twice (the grouped cases check the grouped launch's 2 rows against each alone).
 int tc1_rows() { return qdetail::qmma1_max_rows(); }
-// The default path's MLX int4 launches of 3-16 rows (SCR_CUDA_QUANT_STAGED_UPTO: up to 64, in
-// passes of 16) run quant_staged_kernel (x staged once per block) where its rule takes them,
-// quant_mma_kernel otherwise: tc1 checks reach up to here.
+// The tc1 path's MLX int4 launches of 3-256 rows (17+ in passes of 16; SCR_CUDA_QUANT_STAGED_UPTO
+// moves the top) run quant_staged_kernel (x staged once per block) where its rule takes them,
+// quant_mma_kernel otherwise: tc1 checks reach up to here (the buffers: kMaxRows).
 int tc1_top() { return qdetail::qstaged_on() ? qdetail::qstaged_max_rows() : tc1_rows(); }
 int invariance_rows(QuantGemvPath p) { return p == QuantGemvPath::smem ? 8 : p == QuantGemvPath::tc1 ? tc1_rows() : kMaxRows; }
 int invariance_alone_rows(QuantGemvPath p, bool swiglu) { return p == QuantGemvPath::tc1 && swiglu && tc1_rows() >= 2 ? 2 : 1; }
@@ -216,12 +216,13 @@ void expect_tc1_ran(QuantGemvPath path, int rows, int tiles, int chunks) {
     if (rows > tc1_rows() && qdetail::qstaged_takes(rows, tiles, chunks) && qdetail::qstaged_last_plan().slices == 0)
         die(text("quant_staged_kernel declined a launch of %d rows (%d tiles)", rows, tiles));
 }
-// The MLX int4 regimes of the default path above 2 rows: [3, 8] and [9, 16] (quant_staged.cuh,
-// qstaged_takes: each on one kernel per shape; with SCR_CUDA_QUANT_STAGED_UPTO, [9, UPTO]).
+// The MLX int4 regimes of the tc1 path above 2 rows: [3, 8] and [9, qstaged_max_rows()]
+// (quant_staged.cuh, qstaged_takes: each on one kernel per shape), checked up to kMaxRows rows;
+// [9, 17] checks a pass of one row (the 17th) against the same row in a launch of 9.
 struct Regime {
     int lo, hi;
 };
-const Regime kStagedRegimes[] = {{3, 8}, {9, std::min(qdetail::qstaged_max_rows(), kMaxRows)}};
+const Regime kStagedRegimes[] = {{3, 8}, {9, std::min(qdetail::qstaged_max_rows(), kMaxRows)}, {9, std::min(qdetail::qstaged_max_rows(), 17)}};
 
 // A batch-invariance comparison: outputs whose bits differ between the batched launch and the
 // launches of fewer rows, of how many, and the batched launch's split (split_of).
