@@ -889,15 +889,9 @@ inline bool attention_vec_on() {
 // attention_parts_override(). Bits depend on it (a head's arithmetic follows its part count).
 inline int attention_max_parts() {
     if (attention_parts_override() >= 1) return std::min(attention_parts_override(), kAttentionPartsLimit);
-    static const int v = [] {
-        const char* e = std::getenv("SCR_CUDA_ATTN_PARTS");
-        if (!e || !*e) return kAttentionMaxParts;
-        char* end = nullptr;
-        const long n = std::strtol(e, &end, 10);
-        if (*end == '\0' && n >= 1 && n <= kAttentionPartsLimit) return int(n);
-        std::fprintf(stderr, "SCR_CUDA_ATTN_PARTS=%s is not a part count in 1..%d; using %d\n", e, kAttentionPartsLimit, kAttentionMaxParts);
-        return kAttentionMaxParts;
-    }();
+    static const int v = int(env_int_switch(
+        "SCR_CUDA_ATTN_PARTS", kAttentionMaxParts, [](long long n) { return n >= 1 && n <= kAttentionPartsLimit; }, "1 to 8 parts"));
+    static_assert(kAttentionPartsLimit == 8, "the message above names the limit");
     return v;
 }
 
@@ -959,8 +953,9 @@ void attention(const Ctx& c, int rows, const float* q, const std::byte* kv, int6
 inline int attention_split_max_blocks() {
     if (attention_split_override() >= 0) return attention_split_override();
     static const int blocks = [] {
-        if (const char* e = std::getenv("SCR_CUDA_ATTN_SPLIT"); e && *e) return std::atoi(e);
-        return device_sm_count();
+        return int(env_int_switch(
+            "SCR_CUDA_ATTN_SPLIT", device_sm_count(), [](long long n) { return n >= 0 && n <= (1 << 20); }, "a block count (0: never split)",
+            "the SM count"));
     }();
     return blocks;
 }

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <utility>
 
+#include "kernels/cuda/env_switch.hpp"
 #include "kernels/cuda/step.hpp"
 #include "runtime/core/dtype.hpp"
 

@@ -957,18 +957,13 @@ struct QMmaSplit {
     int blocks = 1;  // per cluster (along K)
 };
 inline int quant_splitk_mode() {
-    static const int mode = [] {
-        const char* e = std::getenv("SCR_CUDA_QUANT_SPLITK");
-        return e && *e ? std::atoi(e) : 1;
-    }();
+    static const int mode = int(env_int_switch("SCR_CUDA_QUANT_SPLITK", 1, [](long long m) { return m == 0 || m == 1; }, "0 or 1"));
     return mode;
 }
 // SCR_CUDA_QUANT_SPLITK_WARPS=n replaces the resident-warp count (A/B runs); 0: the device's.
 inline int quant_splitk_warps_override() {
-    static const int v = [] {
-        const char* e = std::getenv("SCR_CUDA_QUANT_SPLITK_WARPS");
-        return e && *e ? std::max(0, std::atoi(e)) : 0;
-    }();
+    static const int v = int(env_int_switch(
+        "SCR_CUDA_QUANT_SPLITK_WARPS", 0, [](long long w) { return w >= 0 && w <= (1 << 20); }, "a warp count (0: the device's)", "the device's"));
     return v;
 }
 inline QMmaSplit qmma_split(int row_tiles, int chunks, int mode, int resident_warps) {
@@ -1561,8 +1556,7 @@ inline int qsmem_pipe_mode() {
     static const int mode = [] {
         const char* e = std::getenv("SCR_CUDA_QSTREAM");
         if (!e || !*e || std::strcmp(e, "auto") == 0) return -1;
-        const int d = std::atoi(e);
-        return d <= 0 ? 0 : std::clamp(d, 2, 4);
+        return int(env_int_switch("SCR_CUDA_QSTREAM", -1, [](long long d) { return d == 0 || (d >= 2 && d <= 4); }, "auto, 0, 2, 3 or 4", "auto"));
     }();
     return qsmem_pipe_override() != -2 ? qsmem_pipe_override() : mode;
 }

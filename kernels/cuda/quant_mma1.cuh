@@ -54,17 +54,8 @@ constexpr int kQmma1MaxRows = 2;
 // regimes; see quant_swiglu_grouped for the SwiGLU launches); more rows take quant_mma_kernel.
 // SCR_CUDA_QUANT_TC1_ROWS=1 is the rule of sessions 7-27 (one row only), for A/B runs.
 inline int qmma1_max_rows() {
-    static const int v = [] {
-        const char* e = std::getenv("SCR_CUDA_QUANT_TC1_ROWS");
-        if (!e || !*e) return kQmma1MaxRows;
-        char* end = nullptr;
-        const long n = std::strtol(e, &end, 10);
-        if (*end != '\0' || n < 1 || n > kQmma1MaxRows) {
-            std::fprintf(stderr, "scr: SCR_CUDA_QUANT_TC1_ROWS=%s is not 1 to %d; using %d\n", e, kQmma1MaxRows, kQmma1MaxRows);
-            return kQmma1MaxRows;
-        }
-        return int(n);
-    }();
+    static const int v = int(env_int_switch(
+        "SCR_CUDA_QUANT_TC1_ROWS", kQmma1MaxRows, [](long long n) { return n >= 1 && n <= kQmma1MaxRows; }, "1 or 2"));
     return v;
 }
 
@@ -596,8 +587,9 @@ inline int qmma1_parts_override() {
     static const int v = [] {
         const char* e = std::getenv("SCR_CUDA_QUANT_TC1_PARTS");
         if (e && std::strcmp(e, "fifths") == 0) return -1;
-        const int w = e && *e ? std::atoi(e) : 0;
-        return w == 1 || w == 2 || w == 4 || w == 8 || w == 16 ? w : 0;  // 16: 16-warp blocks only
+        return int(env_int_switch(  // 16: 16-warp blocks only
+            "SCR_CUDA_QUANT_TC1_PARTS", 0, [](long long w) { return w == 1 || w == 2 || w == 4 || w == 8 || w == 16; },
+            "1, 2, 4, 8, 16 or fifths", "the rule"));
     }();
     return v;
 }
@@ -633,12 +625,8 @@ inline QMma1Variant qmma1_variant() {
 // blocks on 132 SMs) (docs/CUDA.md "Session 20").
 // The rule is qmma1_block_shape below; SCR_CUDA_QUANT_TC1_BLOCK=8|16 forces one size (A/B runs).
 inline int qmma1_block_warps_override() {
-    static const int v = [] {
-        const char* e = std::getenv("SCR_CUDA_QUANT_TC1_BLOCK");
-        const int w = e && *e ? std::atoi(e) : 0;
-        if (e && *e && w != 8 && w != 16) std::fprintf(stderr, "scr: SCR_CUDA_QUANT_TC1_BLOCK=%s is not 8 or 16; using the rule\n", e);
-        return w == 8 || w == 16 ? w : 0;
-    }();
+    static const int v =
+        int(env_int_switch("SCR_CUDA_QUANT_TC1_BLOCK", 0, [](long long w) { return w == 8 || w == 16; }, "8 or 16", "the rule"));
     return v;
 }
 // A launch whose 8-warp grid is at most one block per SM (W = 8 and few row tiles: the 1B's down,

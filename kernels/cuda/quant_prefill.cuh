@@ -10,8 +10,8 @@
 // tests/cuda/quant_gemv_test.cu). The folded RMSNorm, Q/K/V grouping, bias, residual and SwiGLU are
 // prefill_linears_bf16's own.
 //
-// Decode batches come here from quant_prefill_min_rows<F>() rows (MLX int4 65, int8 33; fp8 only
-// above the largest decode bucket, 256 rows). cuBLASLt's decode buckets (33-64, 65-256 rows: one
+// Decode batches come here from quant_prefill_min_rows<F>() rows (MLX int4 65, int8 and fp8 33).
+// cuBLASLt's decode buckets (33-64, 65-256 rows: one
 // algorithm per shape each, prefill_gemm.hpp) keep those rows batch-invariant inside a bucket;
 // above 256 rows (prefill) results may depend on the call's row count.
 #pragma once
@@ -24,22 +24,20 @@
 namespace scr::kernels::cuda::qdetail {
 
 // Token rows from which quantized linears of format F go to cuBLASLt. Measured on the H200
-// (docs/CUDA.md "Session 30", decode tok/s against the quantized kernels):
+// (docs/CUDA.md "Session 30" and "Session 31", decode tok/s against the quantized kernels):
 //  * MLX int4 from 65 rows, the first row past the staged kernel's passes (quant_staged.cuh): 8B
 //    batch 128 4,172 against 2,500, 256 5,836 against 2,562; 1B 1.55x / 2.41x. At 64 rows the
 //    passes are faster (each expanded weight costs its hi + lo writes every step);
-//  * int8 from 33 rows, cuBLASLt's first decode bucket (a code is exact in bf16: one GEMM): 8B
-//    batch 64 4,743-4,765 against 3,287-3,298, 128 7,496 against 3,240-3,249, 256 10.9k against 3.17k;
-//  * fp8 (not measured) above the largest decode bucket (cuda_rt::cublas_decode_max_rows(), 256).
+//  * int8 and fp8 from 33 rows, cuBLASLt's first decode bucket (a code is exact in bf16: one GEMM):
+//    8B int8 batch 64 4,743-4,765 against 3,287-3,298, 128 7,496 against 3,240-3,249, 256 10.9k
+//    against 3.17k; 8B fp8 batch 64 4,728-4,733 against 3,268-3,273, 128 7,438-7,444 against
+//    3,226-3,228, 256 10.9k against 3.15k.
 // SCR_CUDA_QUANT_PREFILL_MIN_ROWS=n sets every format's (0 turns the path off; A/B runs).
-constexpr int kQuantPrefillMinRowsInt4 = 65, kQuantPrefillMinRowsInt8 = 33;
+constexpr int kQuantPrefillMinRowsInt4 = 65, kQuantPrefillMinRowsCodes = 33;
 inline int quant_prefill_min_rows_env() {
-    static const int v = [] {
-        const char* e = std::getenv("SCR_CUDA_QUANT_PREFILL_MIN_ROWS");
-        if (!e || !*e) return -1;
-        const int r = std::atoi(e);
-        return r > 0 ? r : 0;
-    }();
+    static const int v = int(env_int_switch(
+        "SCR_CUDA_QUANT_PREFILL_MIN_ROWS", -1, [](long long r) { return r >= 0 && r <= (1 << 30); },
+        "a row count (0: the path off)", "each format's default"));
     return v;
 }
 template <class F>
@@ -47,8 +45,7 @@ int quant_prefill_min_rows() {
     const int forced = quant_prefill_min_rows_env();
     if (forced >= 0) return forced;
     if constexpr (F::kAffine) return kQuantPrefillMinRowsInt4;
-    else if constexpr (!F::kFp8) return kQuantPrefillMinRowsInt8;
-    else return cuda_rt::cublas_decode_max_rows() + 1;
+    else return kQuantPrefillMinRowsCodes;
 }
 
 // MLX int4 matrix `m` ([n][k]) dequantized as bf16 hi + lo: one thread per 8 consecutive weights of

@@ -382,40 +382,45 @@ inline bool qstaged_on() { return qstaged_mode() != QStagedMode::off; }
 // top (A/B runs).
 constexpr int kQsPassMaxRows = 256;  // also the default
 inline int qstaged_max_rows() {
-    static const int v = [] {
-        const char* e = std::getenv("SCR_CUDA_QUANT_STAGED_UPTO");
-        if (!e || !*e) return kQsPassMaxRows;
-        char* end = nullptr;
-        const long n = std::strtol(e, &end, 10);
-        if (*end != '\0' || n < kQsMaxRows || n > kQsPassMaxRows || n % kQsMaxRows != 0) {
-            std::fprintf(stderr, "scr: SCR_CUDA_QUANT_STAGED_UPTO=%s is not a multiple of 16 from 16 to %d; using %d\n", e,
-                         kQsPassMaxRows, kQsPassMaxRows);
-            return kQsPassMaxRows;
-        }
-        return int(n);
-    }();
+    static const int v = int(env_int_switch(
+        "SCR_CUDA_QUANT_STAGED_UPTO", kQsPassMaxRows,
+        [](long long n) { return n >= kQsMaxRows && n <= kQsPassMaxRows && n % kQsMaxRows == 0; }, "a multiple of 16 from 16 to 256"));
     return v;
 }
 // SCR_CUDA_QUANT_STAGED_LOW_KIB=N replaces kQsLowMinKiB (A/B runs).
 inline int64_t qstaged_low_min_kib() {
-    static const int64_t v = [] {
-        const char* e = std::getenv("SCR_CUDA_QUANT_STAGED_LOW_KIB");
-        if (!e || !*e) return int64_t(kQsLowMinKiB);
-        char* end = nullptr;
-        const long long n = std::strtoll(e, &end, 10);
-        if (*end != '\0' || n <= 0) {
-            std::fprintf(stderr, "scr: SCR_CUDA_QUANT_STAGED_LOW_KIB=%s is not a positive number of KiB; using %d\n", e, kQsLowMinKiB);
-            return int64_t(kQsLowMinKiB);
-        }
-        return int64_t(n);
-    }();
+    static const int64_t v = env_int_switch(
+        "SCR_CUDA_QUANT_STAGED_LOW_KIB", kQsLowMinKiB, [](long long n) { return n > 0; }, "a positive number of KiB");
+    return v;
+}
+// Plain launches (no SwiGLU, no folded norm: the o and down projections) of 17-32 rows run the
+// passes only from kQsPassMinKiB of packed weights (a 16-row tile of one 128-k chunk is 1 KiB, as
+// for kQsLowMinKiB); smaller ones stay on quant_mma_kernel, whose plain form holds all 32 token rows
+// in a block (4 tiles) and so reads the weights once, against the two passes' twice. Its fused forms
+// hold 2 tiles (registers) and run 17-32 rows as two column blocks that each read the weights, no
+// better than the passes; from 33 rows its 8-tile plain form spills and the passes win everywhere.
+// Measured on the H200 ("Session 31"), per launch at 24 / 32 rows, passes against quant_mma_kernel,
+// us: 4096x4096 (8 MiB) 36.5 / 37.2 against 24.4 / 28.1, 2048x8192 35.4 / 36.0 against 25.4 / 29.0,
+// 4096x14336 (28 MiB) 83.0 / 83.8 against 72.0 / 84.0, 128256x4096 494 / 499 against 672 / 799.
+// End to end the 8B MLX int4 at batch 20 / 24 / 32 gains 2.2-2.9 % per round with its o (8 MiB)
+// there and its down (28 MiB) on the passes, which did better than on quant_mma_kernel (1.8-2.8 %
+// with both there); the 1B was level. SCR_CUDA_QUANT_STAGED_PASS_KIB=N replaces the threshold (A/B runs; 0: the passes for
+// every launch, as in session 30).
+constexpr int kQsPassMinKiB = 16 << 10;
+inline int64_t qstaged_pass_min_kib() {
+    static const int64_t v = env_int_switch(
+        "SCR_CUDA_QUANT_STAGED_PASS_KIB", kQsPassMinKiB, [](long long n) { return n >= 0; }, "a number of KiB (0: every launch)");
     return v;
 }
 // Whether a launch of `rows` rows, `tiles` 16-row tiles (SwiGLU: both matrices') and `chunks`
-// 128-k chunks per row takes this kernel.
-inline bool qstaged_takes(int rows, int tiles, int chunks) {
+// 128-k chunks per row takes this kernel; `fused`: a SwiGLU or folded-norm launch.
+inline bool qstaged_takes(int rows, int tiles, int chunks, bool fused) {
     if (rows < kQsMinRows || rows > qstaged_max_rows() || qstaged_mode() == QStagedMode::off) return false;
-    return qstaged_mode() == QStagedMode::all || rows > kQsLowMaxRows || int64_t(tiles) * chunks >= qstaged_low_min_kib();
+    if (qstaged_mode() == QStagedMode::all) return true;
+    const int64_t kib = int64_t(tiles) * chunks;
+    if (rows <= kQsLowMaxRows) return kib >= qstaged_low_min_kib();
+    if (rows <= kQsMaxRows || rows > 2 * kQsMaxRows || fused) return true;
+    return kib >= qstaged_pass_min_kib();
 }
 // Where the kernel lets the next launch start: after its staging for 3-8 rows, after its last tile
 // for 9-16 (the H200, "Session 29": batch 16 on the 1B 12,817-12,923 against 12,249-12,268 tok/s
@@ -432,13 +437,8 @@ inline bool qstaged_trigger_late(int rows) {
     return v >= 0 ? v == 1 : rows > kQsLowMaxRows;
 }
 inline int qstaged_slices_override() {
-    static const int v = [] {
-        const char* e = std::getenv("SCR_CUDA_QUANT_STAGED_SLICES");
-        const int c = e && *e ? std::atoi(e) : 0;
-        if (e && *e && c != 1 && c != 2 && c != 4 && c != 8)
-            std::fprintf(stderr, "scr: SCR_CUDA_QUANT_STAGED_SLICES=%s is not 1, 2, 4 or 8; using the rule\n", e);
-        return c == 1 || c == 2 || c == 4 || c == 8 ? c : 0;
-    }();
+    static const int v = int(env_int_switch(
+        "SCR_CUDA_QUANT_STAGED_SLICES", 0, [](long long c) { return c == 1 || c == 2 || c == 4 || c == 8; }, "1, 2, 4 or 8", "the rule"));
     return v;
 }
 
@@ -603,7 +603,7 @@ bool launch_quant_staged(const Ctx& c, const QuantFusedArgs& a) {
     int n_total = a.mat[0].n;
     if (!SWIGLU)
         for (int m = 1; m < a.nmat; ++m) n_total += a.mat[m].n;
-    if (!qstaged_takes(a.rows, (n_total + 15) / 16 * (SWIGLU ? 2 : 1), a.k / 128)) return false;
+    if (!qstaged_takes(a.rows, (n_total + 15) / 16 * (SWIGLU ? 2 : 1), a.k / 128, SWIGLU || NORM)) return false;
     const QStagedPlan plan = qstaged_plan<F, SWIGLU, NORM>((n_total + 15) / 16, a.k / 128);
     if (plan.slices == 0) return false;
     if (a.rows <= kQsMaxRows) {

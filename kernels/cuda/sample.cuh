@@ -44,6 +44,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cuda/env_switch.hpp"
 #include "kernels/cuda/sample.hpp"
 
 namespace scr::kernels::cuda {
@@ -732,9 +733,8 @@ __global__ void __launch_bounds__(sample_detail::kThreads)
 // non-portable size, measured slower at every case on the H200: docs/CUDA.md "Session 18".)
 inline int sample_cluster_size(int rows, int vocab) {
     static const int forced = [] {
-        const char* e = std::getenv("SCR_CUDA_SAMPLE_CLUSTER");
-        const int v = e ? std::atoi(e) : 0;
-        return v == 1 || v == 2 || v == 4 || v == 8 ? v : 0;
+        return int(env_int_switch(
+            "SCR_CUDA_SAMPLE_CLUSTER", 0, [](long long v) { return v == 1 || v == 2 || v == 4 || v == 8; }, "1, 2, 4 or 8", "the rule"));
     }();
     if (forced) return forced;
     if (vocab < 8192) return 1;

@@ -13,6 +13,8 @@
 #include <mutex>
 #include <tuple>
 
+#include "kernels/cuda/env_switch.hpp"
+
 namespace scr::cuda_rt {
 namespace {
 
@@ -405,10 +407,8 @@ int cublas_decode_max_rows() { return kDecodeRows; }
 unsigned long long cublas_scratch_epoch() { return state().epoch.load(std::memory_order_acquire); }
 
 int cublas_min_rows() {
-    static const int min_rows = [] {
-        const char* e = std::getenv("SCR_CUDA_CUBLAS_MIN_ROWS");
-        return e && std::atoi(e) > 0 ? std::atoi(e) : kDefaultMinRows;
-    }();
+    static const int min_rows = int(kernels::cuda::env_int_switch(
+        "SCR_CUDA_CUBLAS_MIN_ROWS", kDefaultMinRows, [](long long n) { return n >= 1 && n <= (1 << 30); }, "a row count from 1"));
     return min_rows;
 }
 

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,7 @@
 #include "kernels/cuda/step.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/cuda/cuda_model.hpp"
+#include "runtime/cuda/prefill_gemm.hpp"
 #include "runtime/engine/engine.hpp"
 #include "runtime/model/loader.hpp"
 #include "runtime/model/sequence_runner.hpp"
@@ -302,6 +304,93 @@ TEST(CudaBatch, AttentionPartsKeepTheBits) {
         EXPECT_EQ(differ, 0u) << fixture << "/" << quant << ": " << differ << " logits differ (split with empty parts, on a block each, in "
                               << "turn, without the head split, against the single-block merge)";
     }
+}
+
+// A decode graph captured before cuBLASLt's scratch grew holds the freed buffer's address; the model
+// drops its graphs and captures again when the scratch's epoch moves (runtime/cuda/cuda_model.cpp,
+// graphs_scratch_epoch). 40 bf16 sequences decode together (the bucket of 64 rows, on cuBLASLt),
+// then one long prompt is prefilled (more rows than the scratch held), then the same decode step runs
+// again: its graph is captured anew and its logits keep their bits. Under compute-sanitizer's memcheck
+// (tests/cuda/kernel_checks.sh) a stale graph would also show as accesses to freed memory.
+TEST(CudaGraphs, DecodeGraphsCapturedAgainAfterTheScratchGrows) {
+    REQUIRE_GPU();
+    auto lm = load_model((kFixtures / "LlamaForCausalLM").string(), LoadOptions{.quant = "bf16", .load_text = false});
+    auto* m = dynamic_cast<CudaGeneratedModel*>(lm.model.get());
+    ASSERT_NE(m, nullptr);
+    const int V = m->info().vocab_size, bs = m->info().block_size;
+    const int S = 40, per = 4, long_len = std::min({240, m->info().max_position_embeddings - 1, m->info().max_batch_tokens});
+    const int long_blocks = (long_len + bs - 1) / bs;
+    ASSERT_GE(S, cuda_rt::cublas_min_rows()) << "the decode step must run on cuBLASLt";
+    std::vector<std::byte> anchor(16);
+    KvPool pool{anchor.data(), S * per + long_blocks};
+    std::vector<int32_t> tables(size_t(pool.num_blocks));
+    std::iota(tables.begin(), tables.end(), 0);
+    const auto prefill = [&](const std::vector<int32_t>& prompt, const int32_t* table, int stride) {
+        const int n = int(prompt.size());
+        std::vector<int32_t> pos(n);
+        std::vector<int64_t> slots(n);
+        for (int i = 0; i < n; ++i) {
+            pos[i] = i;
+            slots[i] = int64_t(table[i / bs]) * bs + i % bs;
+        }
+        int32_t qs[2] = {0, n}, len = n;
+        StepBatch b;
+        b.num_tokens = n;
+        b.token_ids = prompt.data();
+        b.positions = pos.data();
+        b.slot_mapping = slots.data();
+        b.num_seqs = 1;
+        b.query_start = qs;
+        b.seq_lens = &len;
+        b.block_tables = table;
+        b.block_table_stride = stride;
+        m->forward(b, pool, nullptr);
+    };
+    const DecodeSeqs d = make_seqs(V, S);
+    for (int s = 0; s < S; ++s) prefill(d.prompts[size_t(s)], tables.data() + size_t(s) * per, per);
+    const auto decode = [&] {
+        std::vector<int32_t> pos(S), qs(S + 1), lens(S), rows(S);
+        std::vector<int64_t> slots(S);
+        for (int s = 0; s < S; ++s) {
+            const int p = int(d.prompts[size_t(s)].size());
+            pos[s] = p;
+            lens[s] = p + 1;
+            slots[s] = int64_t(tables[size_t(s) * per + p / bs]) * bs + p % bs;
+            qs[s] = s;
+            rows[s] = s;
+        }
+        qs[S] = S;
+        StepBatch b;
+        b.num_tokens = S;
+        b.token_ids = d.next.data();
+        b.positions = pos.data();
+        b.slot_mapping = slots.data();
+        b.num_seqs = S;
+        b.query_start = qs.data();
+        b.seq_lens = lens.data();
+        b.block_tables = tables.data();
+        b.block_table_stride = per;
+        b.num_logits = S;
+        b.logit_rows = rows.data();
+        std::vector<float> logits(size_t(S) * V);
+        m->forward(b, pool, logits.data());
+        return logits;
+    };
+    const int captured = m->stats().graphs_captured;
+    const std::vector<float> first = decode();
+    ASSERT_EQ(m->stats().graphs_captured, captured + 1) << "the decode step did not run as a graph";
+    const unsigned long long epoch = cuda_rt::cublas_scratch_epoch();
+    std::vector<int32_t> long_prompt(static_cast<size_t>(long_len));
+    for (int i = 0; i < long_len; ++i) long_prompt[size_t(i)] = 1 + (i * 37 + 11) % (V - 1);
+    // Its block table: the pool's last long_blocks blocks, one row.
+    const std::vector<int32_t> long_table(tables.end() - long_blocks, tables.end());
+    prefill(long_prompt, long_table.data(), long_blocks);
+    ASSERT_GT(cuda_rt::cublas_scratch_epoch(), epoch) << "the long prefill did not grow cuBLASLt's scratch: nothing is checked";
+    const std::vector<float> again = decode();
+    EXPECT_EQ(m->stats().graphs_captured, captured + 2) << "the decode graph was not captured again after the scratch grew";
+    size_t differ = 0;
+    for (size_t i = 0; i < first.size(); ++i) differ += std::memcmp(&first[i], &again[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << differ << " of " << first.size() << " logits differ after the scratch grew";
 }
 
 // The persistent batch-1 decode kernel (kernels/cuda/decode1.cuh) against the launch-per-op step:

@@ -21,15 +21,24 @@ SCR_CUDA_QUANT_STAGED=0 (quant_mma_kernel): prompts of 1, 2, 3, 8, 16 and 17 tok
 With --mode passes (the default rule, or SCR_CUDA_QUANT_STAGED_UPTO=64+): steps of 17-64 rows as passes of
 16 rows on quant_staged_kernel against SCR_CUDA_QUANT_STAGED=0: prompts of 1, 2, 16, 17, 32 and 64
 tokens; 16-64 must be within the tolerance, 1 and 2 the same bits.
+With --mode cublas (any format: --quant Q, default mlx-int4-g64; --min-rows R, the format's
+quant_prefill_min_rows, default 33): steps of 1, 32, 33, 64 and 65 rows with the defaults against
+SCR_CUDA_QUANT_PREFILL_MIN_ROWS=0 (the quantized kernels for every row count): steps of R+ rows run on
+cuBLASLt on expanded weights and must be within the tolerance, shorter ones the same bits. For a
+format without the one-row tensor-core kernel the yardstick is the 1-token drift between its default
+GEMV and SCR_CUDA_QUANT_GEMV=simt.
 Exit 0 only if every prompt passes.
 """
 import json, math, os, random, subprocess, sys
 
 
+QUANT = "mlx-int4-g64"
+
+
 def logits(scr, ckpt, ids, env):
     e = dict(os.environ)
     e.update(env)
-    out = subprocess.run([scr, "logits", ckpt, "--quant", "mlx-int4-g64", "--all", "--ids", ",".join(map(str, ids))], env=e, capture_output=True,
+    out = subprocess.run([scr, "logits", ckpt, "--quant", QUANT, "--all", "--ids", ",".join(map(str, ids))], env=e, capture_output=True,
                          text=True, timeout=240)
     if out.returncode != 0:
         sys.exit(f"scr logits failed (rc {out.returncode}, env {env}): {out.stderr[-2000:]}")
@@ -46,6 +55,7 @@ MODES = {
     "rows2": ({"SCR_CUDA_QUANT_TC1_ROWS": "1"}, (1, 2, 3, 4), {2}),
     "staged": ({"SCR_CUDA_QUANT_STAGED": "0"}, (1, 2, 3, 8, 16, 17), {3, 8, 16, 17}),
     "passes": ({"SCR_CUDA_QUANT_STAGED": "0"}, (1, 2, 16, 17, 32, 64), {16, 17, 32, 64}),
+    "cublas": ({"SCR_CUDA_QUANT_PREFILL_MIN_ROWS": "0"}, (1, 32, 33, 64, 65), None),  # changed: --min-rows
 }
 
 
@@ -55,6 +65,16 @@ def main():
     if "--factor" in args:
         i = args.index("--factor")
         factor = float(args[i + 1])
+        del args[i:i + 2]
+    global QUANT
+    min_rows = 33
+    if "--quant" in args:
+        i = args.index("--quant")
+        QUANT = args[i + 1]
+        del args[i:i + 2]
+    if "--min-rows" in args:
+        i = args.index("--min-rows")
+        min_rows = int(args[i + 1])
         del args[i:i + 2]
     mode = "rows2"
     if "--mode" in args:
@@ -67,10 +87,15 @@ def main():
     vocab = json.load(open(os.path.join(ckpt, "config.json")))["vocab_size"]
     rng = random.Random(7)
     old_env, lengths, changed = MODES[mode]
+    if changed is None:
+        changed = {n for n in lengths if n >= min_rows}
     prompts = {n: [rng.randrange(vocab) for _ in range(n)] for n in lengths}
-    base = rel(logits(scr, ckpt, prompts[1], {})[0], logits(scr, ckpt, prompts[1], {"SCR_CUDA_QUANT_GEMV": "mma"})[0])
+    int4 = QUANT.startswith("mlx-int4")
+    other = {"SCR_CUDA_QUANT_GEMV": "mma" if int4 else "simt"}
+    base = rel(logits(scr, ckpt, prompts[1], {})[0], logits(scr, ckpt, prompts[1], other)[0])
     tol = factor * base
-    print(f"yardstick: 1-token logits, quant_mma1_kernel against quant_mma_kernel: {base:.2e} relative; tolerance {tol:.2e}")
+    what = "quant_mma1_kernel against quant_mma_kernel" if int4 else "the default GEMV against SCR_CUDA_QUANT_GEMV=simt"
+    print(f"yardstick: 1-token logits, {what}: {base:.2e} relative; tolerance {tol:.2e}")
     bad = 0
     for n, ids in prompts.items():
         new = logits(scr, ckpt, ids, {})

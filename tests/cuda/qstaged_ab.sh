@@ -49,7 +49,7 @@ if [ "${KBENCH:-1}" = 1 ]; then
         step qbench_$kk 400 env $e $S/scr_cuda_quant_gemv --formats mlx-int4-g64 \
             --shapes ${SHAPES:-6144x4096,4096x4096,28672x4096,4096x14336,128256x4096,3072x2048,16384x2048,2048x8192}
         echo "== per launch, $kv"
-        grep -E "^ *[0-9]+x[0-9]+ .*(tc1|mma)" "$OUT/qbench_$kk.txt" | grep -E " (${KROWS:-4|8|16}) +[0-9.]+ " | grep -E "${KGREP:-.}" | head -80
+        grep -E "^ *[0-9]+x[0-9]+ .*(tc1|mma)" "$OUT/qbench_$kk.txt" | grep -E " (${KROWS:-4|8|16}) +[0-9.]+ " | grep -E "${KGREP:-.}" | head -200
     done
 fi
 for m in ${MODELS-8b 1b}; do

@@ -210,20 +210,29 @@ bool path_applies(QuantGemvPath p, Fmt f) {
 // tc1 must really run when asked for: its launcher records a split, cleared before each launch.
 // quant_staged_kernel must run where its rule takes the launch (tiles: 16-row tiles, SwiGLU's twice;
 // chunks: 128-k chunks per row).
-void expect_tc1_ran(QuantGemvPath path, int rows, int tiles, int chunks) {
+void expect_tc1_ran(QuantGemvPath path, int rows, int tiles, int chunks, bool fused) {
     if (path != QuantGemvPath::tc1 || rows > tc1_top()) return;
     if (rows <= tc1_rows() && qdetail::qmma1_last_split().warps == 0) die(text("quant_mma1_kernel declined a launch of %d rows", rows));
-    if (rows > tc1_rows() && qdetail::qstaged_takes(rows, tiles, chunks) && qdetail::qstaged_last_plan().slices == 0)
+    if (rows > tc1_rows() && qdetail::qstaged_takes(rows, tiles, chunks, fused) && qdetail::qstaged_last_plan().slices == 0)
         die(text("quant_staged_kernel declined a launch of %d rows (%d tiles)", rows, tiles));
 }
-// The MLX int4 regimes of the tc1 path above 2 rows: [3, 8] and [9, qstaged_max_rows()]
-// (quant_staged.cuh, qstaged_takes: each on one kernel per shape), checked up to kMaxRows rows;
-// [9, 17] checks a pass of one row (the 17th) against the same row in a launch of 9.
+// The MLX int4 regimes of the tc1 path above 2 rows (quant_staged.cuh, qstaged_takes: each on one
+// kernel per shape), checked up to kMaxRows rows, for a launch of `tiles` 16-row tiles (SwiGLU's
+// twice) of `chunks` 128-k chunks, `fused` (SwiGLU or a folded norm) or plain: [3, 8];
+// [9, qstaged_max_rows()] on the staged kernel (17+ in passes of 16: [9, 17] checks a pass of one
+// row, the 17th, against the same row in a launch of 9), except where the size rule keeps 17-32
+// rows on quant_mma_kernel: then [9, 16], [17, 32] there, and [9, qstaged_max_rows()] again (33+
+// rows in passes have the staged kernel's bits).
 struct Regime {
     int lo, hi;
 };
-const Regime kStagedRegimes[] = {{3, 8}, {9, std::min(qdetail::qstaged_max_rows(), kMaxRows)}, {9, std::min(qdetail::qstaged_max_rows(), 17)}};
-
+std::vector<Regime> staged_regimes(int tiles, int chunks, bool fused) {
+    const int pass = qdetail::kQsMaxRows, top = std::min(qdetail::qstaged_max_rows(), kMaxRows);
+    if (top <= pass) return {{3, 8}, {9, top}};
+    if (qdetail::qstaged_takes(pass + 1, tiles, chunks, fused)) return {{3, 8}, {9, top}, {9, pass + 1}};
+    if (top <= 2 * pass) return {{3, 8}, {9, pass}, {pass + 1, top}};
+    return {{3, 8}, {9, pass}, {pass + 1, 2 * pass}, {9, top}};
+}
 // A batch-invariance comparison: outputs whose bits differ between the batched launch and the
 // launches of fewer rows, of how many, and the batched launch's split (split_of).
 struct Invariance {
@@ -249,7 +258,7 @@ void launch_as(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path) {
     qdetail::qmma1_last_split() = {0, 0};
     qdetail::qstaged_last_plan() = {};  // a launch that never reaches the staged kernel prints no stale plan
     quant_linear<F>(c, a, path);
-    expect_tc1_ran(path, a.rows, (a.n + 15) / 16, a.k / 128);
+    expect_tc1_ran(path, a.rows, (a.n + 15) / 16, a.k / 128, false);
 }
 
 // The tensor-core kernel's K split in the last launch (SCR_CUDA_QUANT_SPLITK, qmma_split): "warps x
@@ -851,7 +860,7 @@ void launch_fused_as(const Ctx& c, const QuantFusedArgs& a, bool swiglu, QuantGe
         ran = a.norm_w ? qdetail::swiglu_grouped<0, F, true>(c, a.rows, a.mat[0].n, a.k, nullptr, w(0), w(1), tmp, a.mat[0].y, norm)
                        : qdetail::swiglu_grouped<0, F, false>(c, a.rows, a.mat[0].n, a.k, a.x, w(0), w(1), tmp, a.mat[0].y, norm);
         if (!ran) die(text("the grouped SwiGLU path declined %d rows, k = %d", a.rows, a.k));
-        expect_tc1_ran(path, a.rows, 0, 0);
+        expect_tc1_ran(path, a.rows, 0, 0, true);
         return;
     }
     if (swiglu) ran = a.norm_w ? quant_linear_fused<F, true, true>(c, a, path) : quant_linear_fused<F, true, false>(c, a, path);
@@ -860,7 +869,7 @@ void launch_fused_as(const Ctx& c, const QuantFusedArgs& a, bool swiglu, QuantGe
     int n_total = 0;  // as the kernel stacks the rows; SwiGLU's tiles count twice (gate and up)
     for (int m = 0; m < a.nmat; ++m) n_total += a.mat[m].n;
     const int tiles = swiglu ? (a.mat[0].n + 15) / 16 * 2 : (n_total + 15) / 16;
-    if (!swiglu || a.rows == 1 || a.rows > tc1_rows()) expect_tc1_ran(path, a.rows, tiles, a.k / 128);
+    if (!swiglu || a.rows == 1 || a.rows > tc1_rows()) expect_tc1_ran(path, a.rows, tiles, a.k / 128, swiglu || a.norm_w);
 }
 void launch_fused(Fmt f, cudaStream_t st, const QuantFusedArgs& a, bool swiglu, QuantGemvPath path) {
     Ctx c;
@@ -1100,7 +1109,8 @@ int fused_checks(cudaStream_t st) {
             const Invariance all = invariance(inv_rows, alone, alone);
             std::printf("check fused %-34s k %4d %-13s %-4s batch invariance (%d rows vs launches of %d): %zu of %zu outputs differ -> %s\n",
                         fc.what, k, name_of(f), name_of(path), inv_rows, alone, all.differ, all.total, all.verdict());
-            for (const Regime& rg : kStagedRegimes) {
+            const int chunks = k / 128, tiles = fc.swiglu ? (fc.n[0] + 15) / 16 * 2 : (fc.n[0] + fc.n[1] + fc.n[2] + 15) / 16;
+            for (const Regime& rg : staged_regimes(tiles, chunks, fc.swiglu || fc.norm)) {
                 if (path != QuantGemvPath::tc1 || rg.hi > tc1_top()) continue;
                 // A regime above 2 rows: its largest batch against each row as the first of a launch of its smallest.
                 const Invariance v = invariance(rg.hi, rg.lo, 1);
@@ -1597,7 +1607,7 @@ int main(int argc, char** argv) try {
     };
     const Check checks[] = {{1, false}, {2, false}, {3, false}, {4, false}, {8, false}, {13, false}, {16, false},
                             {kMaxRows, false}, {5, true}};
-    const int bench_rows[] = {1, 2, 4, 8, 16, 32, 64};
+    const int bench_rows[] = {1, 2, 4, 8, 16, 24, 32, 48, 64};
     for (const Shape& sh : shapes) {
         const int n = sh.n, k = sh.k;
         float *x = nullptr, *y = nullptr, *y_alone = nullptr;
@@ -1730,7 +1740,7 @@ int main(int argc, char** argv) try {
                 std::printf("check %6dx%-5d %-13s %-4s batch invariance (%d rows vs each alone, +bias+residual): %zu of %zu "
                             "outputs differ -> %s\n",
                             n, k, name_of(f), name_of(path), inv_rows, all.differ, all.total, all.verdict());
-                for (const Regime& rg : kStagedRegimes) {
+                for (const Regime& rg : staged_regimes((n + 15) / 16, k / 128, false)) {
                     if (path != QuantGemvPath::tc1 || rg.hi > tc1_top()) continue;
                     // A regime above 2 rows: its largest batch against each row as the first of a launch of its smallest.
                     const Invariance v = invariance(rg.hi, rg.lo);
