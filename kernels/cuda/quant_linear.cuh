@@ -13,12 +13,14 @@
 // Five kernels (quant_linear below picks one per shape and row count, see quant_gemv_mode()):
 //  * quant_mma1_kernel (quant_mma1.cuh; MLX int4 at 1-2 token rows): int8 tensor cores, x as exact
 //    base-256 digits, the MMA's columns as groups;
-//  * quant_staged_kernel (quant_staged.cuh; MLX int4 at 9-64 token rows, 17+ in passes of 16, and
-//    3-8 rows of launches of >= 32 MiB; 65-256 rows where cuBLASLt declines): quant_mma_kernel's
-//    arithmetic with x staged once per block in shared memory;
-//  * quant_mma_kernel (the default from 2 token rows; MLX int4 at 3-8 rows of smaller launches; int8
-//    and fp8 up to cuBLASLt's rows, quant_prefill.cuh): tensor cores, weights as the MMA's A operand,
-//    x as bf16 hi + lo; described at its definition and in docs/CUDA.md, "Quantized GEMV";
+//  * quant_staged_kernel (quant_staged.cuh; MLX int4 at 9-64 token rows, 17+ in passes of 16 but
+//    plain 17-32-row launches only from 16 MiB, and 3-8 rows of launches of >= 32 MiB; 65-256 rows
+//    where cuBLASLt declines): quant_mma_kernel's arithmetic with x staged once per block in shared
+//    memory;
+//  * quant_mma_kernel (the default from 2 token rows; MLX int4 at 3-8 rows of smaller launches and
+//    17-32 rows of smaller plain ones; int8 and fp8 up to cuBLASLt's rows, quant_prefill.cuh):
+//    tensor cores, weights as the MMA's A operand, x as bf16 hi + lo; described at its definition
+//    and in docs/CUDA.md, "Quantized GEMV";
 //  * quant_smem_kernel (the default for 1 token row; 1-8 rows with SCR_CUDA_QUANT_GEMV=smem): SIMT,
 //    x staged in shared memory, int4 nibbles as exact float32 denormals; its one-row launches that
 //    stream many rounds per block fill a per-warp cp.async ring instead of registers (QPipe, same

@@ -21,9 +21,10 @@
 // Batch invariance: the slices, waves and row groups depend on the shape only (qstaged_plan, sized
 // for 16 rows), the MMA's token columns are independent, staging sums are per token in a fixed
 // order: a row's bits are the same for any number of rows of one regime. Which launches come here
-// is qstaged_takes's rule (9-256 rows; 3-8 rows of large launches): the MLX int4 regimes are
-// 1-2 | 3-8 | 9-64 | 65-256 | 257+ rows (65+ on cuBLASLt, what it declines here), one kernel per
-// shape in each.
+// is qstaged_takes's rule (9-256 rows but plain 17-32-row launches under 16 MiB; 3-8 rows of large
+// launches): the MLX int4 regimes are 1-2 | 3-8 | 9-16 | 17-32 | 33-64 | 65-256 | 257+ rows (65+
+// on cuBLASLt, what it declines here; 33-64 in passes with the bits of 9-16), one kernel per shape
+// in each.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -345,15 +346,16 @@ struct QStagedPlan {
 };
 
 // Which launches take this kernel (SCR_CUDA_QUANT_STAGED, read once):
-//   1 or unset (the rule): 9-256 token rows always (17+ in passes of 16; from 65 only what cuBLASLt
-//     declines, quant_prefill.cuh); 3-8 rows only for launches of at least
+//   1 or unset (the rule): 9-256 token rows (17+ in passes of 16, but plain launches of 17-32 rows
+//     only from kQsPassMinKiB, below; from 65 only what cuBLASLt declines, quant_prefill.cuh); 3-8
+//     rows only for launches of at least
 //     kQsLowMinKiB KiB of packed nibbles (16-row tiles x 128-k chunks, 1 KiB each; SwiGLU's gate and
 //     up both count). Smaller launches of 3-8 rows measured faster end to end on quant_mma_kernel,
 //     whose 8 warps per tile split K inside one block (the H200, docs/CUDA.md "Session 29", batch 3:
 //     the 1B with its gate/up, 16 MiB, here 3,352-3,362 tok/s against 3,680-3,681 with only its
 //     lm_head here; the 8B's gate/up, 56 MiB, here 866-867 against 770-772); so the MLX int4
-//     regimes are 1-2 | 3-8 | 9-64 | 65-256 | 257+ rows (65+: cuBLASLt, quant_prefill.cuh, and
-//     here what it declines), each on one kernel per shape;
+//     regimes are 1-2 | 3-8 | 9-16 | 17-32 | 33-64 | 65-256 | 257+ rows (65+: cuBLASLt,
+//     quant_prefill.cuh, and here what it declines), each on one kernel per shape;
 //   all: every launch of 3-256 rows (A/B runs);
 //   0: none, 3-256 rows on quant_mma_kernel as before session 29 (A/B runs).
 // SCR_CUDA_QUANT_STAGED_SLICES=C (1, 2, 4, 8) forces the K slices where they divide K and fit.

@@ -406,6 +406,17 @@ int cublas_decode_max_rows() { return kDecodeRows; }
 
 unsigned long long cublas_scratch_epoch() { return state().epoch.load(std::memory_order_acquire); }
 
+void cublas_release_scratch() {
+    State& st = state();
+    std::lock_guard lock(st.mu);
+    if (!st.scratch) return;
+    cudaDeviceSynchronize();
+    cudaFree(st.scratch);
+    st.scratch = nullptr;
+    st.scratch_bytes = 0;
+    st.epoch.fetch_add(1, std::memory_order_release);
+}
+
 int cublas_min_rows() {
     static const int min_rows = int(kernels::cuda::env_int_switch(
         "SCR_CUDA_CUBLAS_MIN_ROWS", kDefaultMinRows, [](long long n) { return n >= 1 && n <= (1 << 30); }, "a row count from 1"));

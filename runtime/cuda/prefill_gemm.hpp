@@ -32,6 +32,9 @@ int cublas_decode_max_rows();
 // holds the freed scratch's address (or a fallback taken for want of scratch): its owner drops it
 // (runtime/cuda/cuda_model.cpp) and captures again.
 unsigned long long cublas_scratch_epoch();
+// Frees the scratch (after the device is idle) and moves the epoch, so the next call that needs it
+// allocates again: for tests that must see the scratch grow whatever ran before them.
+void cublas_release_scratch();
 
 // One output of prefill_linears_bf16: y[rows][n] = x W^T (+ bias) (+ residual; may be y), or with
 // w_up set, y = silu(x W^T) * (x W_up^T) (no bias, no residual). W, W_up bf16 [n][k].

@@ -22,7 +22,7 @@ With --mode passes (the default rule, or SCR_CUDA_QUANT_STAGED_UPTO=64+): steps 
 16 rows on quant_staged_kernel against SCR_CUDA_QUANT_STAGED=0: prompts of 1, 2, 16, 17, 32 and 64
 tokens; 16-64 must be within the tolerance, 1 and 2 the same bits.
 With --mode cublas (any format: --quant Q, default mlx-int4-g64; --min-rows R, the format's
-quant_prefill_min_rows, default 33): steps of 1, 32, 33, 64 and 65 rows with the defaults against
+quant_prefill_min_rows: by default 65 for MLX int4, 33 for the others): steps of 1, 32, 33, 64 and 65 rows with the defaults against
 SCR_CUDA_QUANT_PREFILL_MIN_ROWS=0 (the quantized kernels for every row count): steps of R+ rows run on
 cuBLASLt on expanded weights and must be within the tolerance, shorter ones the same bits. For a
 format without the one-row tensor-core kernel the yardstick is the 1-token drift between its default
@@ -67,7 +67,7 @@ def main():
         factor = float(args[i + 1])
         del args[i:i + 2]
     global QUANT
-    min_rows = 33
+    min_rows = None
     if "--quant" in args:
         i = args.index("--quant")
         QUANT = args[i + 1]
@@ -86,6 +86,8 @@ def main():
     scr, ckpt = args
     vocab = json.load(open(os.path.join(ckpt, "config.json")))["vocab_size"]
     rng = random.Random(7)
+    if min_rows is None:
+        min_rows = 65 if QUANT.startswith("mlx-int4") else 33
     old_env, lengths, changed = MODES[mode]
     if changed is None:
         changed = {n for n in lengths if n >= min_rows}
