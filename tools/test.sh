@@ -56,6 +56,9 @@ if [ -f compiler/targets/cuda_emitter.cpp ] && command -v nvcc >/dev/null 2>&1; 
     -DSCR_MODELS="tiny-llama;tiny-qwen3-moe;tiny-qwen3-moe-h64" -DSCR_QUANT="bf16" -DSCR_TESTS=ON
   cmake --build build-cuda-ci -j"$jobs" --target scr scr_cuda_tests scr_cuda_linear scr_cuda_moe scr_cuda_attention \
     scr_cuda_sample scr_cuda_quant_gemv scr_cuda_upload_probe scr_cuda_queued_graph_probe
+  # The quantized tensor-core kernels' data paths emulated on the host (no GPU needed): the unpacking
+  # tricks, a warp of quant_mma_kernel, a block of quant_wide_kernel, the split rules.
+  build-cuda-ci/tests/cuda/scr_cuda_quant_gemv --host-selftest
   # The quantized kernels (MLX int4, int8, fp8 per channel and per tensor) too: the same build
   # folder reconfigured, so only the generated models and the link are redone. MoE takes no
   # quantized preset, hence tiny-llama alone.

@@ -66,6 +66,8 @@ struct CudaGeneratedModel::Impl {
     void* scratch = nullptr;
     void* moe_ws = nullptr;
     void* attn_ws = nullptr;  // the decode attention's split (Ctx::attn_ws)
+    void* qwide_ws = nullptr;  // MLX int4 33-256-row linears' prep (Ctx::qwide_ws)
+    int64_t qwide_ws_bytes = 0;
     void* sync = nullptr;  // dev_sync()
     float* logits_dev = nullptr;
     float* logits_host = nullptr;  // pinned, grown on demand (ensure_logits_host)
@@ -164,7 +166,7 @@ struct CudaGeneratedModel::Impl {
 };
 
 CudaGeneratedModel::CudaGeneratedModel(const ModelInfo& info, const WeightSet& weights, ThreadPool& pool, int64_t scratch_floats,
-                                       int64_t moe_workspace_floats, int64_t attention_workspace_floats)
+                                       int64_t moe_workspace_floats, int64_t attention_workspace_floats, int64_t quant_wide_workspace_bytes)
     : GeneratedModel(info, weights, pool, 0), impl_(std::make_unique<Impl>()) {
     Impl& m = *impl_;
     int devices = 0;
@@ -210,6 +212,11 @@ CudaGeneratedModel::CudaGeneratedModel(const ModelInfo& info, const WeightSet& w
     if (attention_workspace_floats > 0) {
         SCR_CUDA(cudaMalloc(&m.attn_ws, size_t(attention_workspace_floats) * 4));
         SCR_CUDA(cudaMemsetAsync(m.attn_ws, 0, size_t(attention_workspace_floats) * 4, m.stream));  // before every kernel of the model
+    }
+    // MLX int4 linears of 33-256 rows (kernels/cuda/quant_wide.cuh): x as the MMA's fragments.
+    if (quant_wide_workspace_bytes > 0) {
+        SCR_CUDA(cudaMalloc(&m.qwide_ws, size_t(quant_wide_workspace_bytes)));
+        m.qwide_ws_bytes = quant_wide_workspace_bytes;
     }
     SCR_CUDA(cudaMalloc(&m.sync, 4096));
     SCR_CUDA(cudaMemset(m.sync, 0, 4096));
@@ -297,6 +304,7 @@ CudaGeneratedModel::~CudaGeneratedModel() {
     cudaFreeHost(m.logits_host);
     cudaFree(m.moe_ws);
     cudaFree(m.attn_ws);
+    cudaFree(m.qwide_ws);
     cudaFree(m.sync);
     cudaFree(m.scratch);
     cudaFree(m.table);
@@ -456,6 +464,8 @@ void CudaGeneratedModel::Impl::launch(CudaGeneratedModel& model, const StepBatch
     ctx.pdl = m.pdl;
     ctx.one_token_per_seq = T == S;
     ctx.attn_ws = static_cast<float*>(m.attn_ws);
+    ctx.qwide_ws = m.qwide_ws;
+    ctx.qwide_ws_bytes = m.qwide_ws_bytes;
     if (l.timed) SCR_CUDA(cudaEventRecord(m.t_begin[slot], m.stream));
     if (decode) {
         // A graph captured before cuBLASLt's scratch was reallocated (a longer prefill since) holds

@@ -21,7 +21,7 @@ namespace scr {
 class CudaGeneratedModel : public GeneratedModel {
 public:
     CudaGeneratedModel(const ModelInfo& info, const WeightSet& weights, ThreadPool& pool, int64_t scratch_floats,
-                       int64_t moe_workspace_floats, int64_t attention_workspace_floats);
+                       int64_t moe_workspace_floats, int64_t attention_workspace_floats, int64_t quant_wide_workspace_bytes = 0);
     ~CudaGeneratedModel() override;
 
     // Logits come back in host memory, as the interface says. A decode-only step (one token per

@@ -114,39 +114,35 @@ DecodeSeqs make_seqs(int V, int seqs) {
     return d;
 }
 
-// The sequences `order` names, each prefilled alone into its own blocks of one pool (blocks in no
-// particular order), then decoding together in one step, in that order: the logits of each (by
-// its place in `order`). The step runs twice (its graph captured, then replayed), with the same bits.
-std::vector<std::vector<float>> decode_together(CompiledModel& m, const DecodeSeqs& d, const std::vector<int>& order) {
-    const int V = m.info().vocab_size, bs = m.info().block_size;
-    const int per = 4, S = int(order.size());
-    std::vector<std::byte> anchor(16);
-    KvPool pool{anchor.data(), S * per};
-    std::vector<int32_t> tables(size_t(S) * per);
-    std::iota(tables.begin(), tables.end(), 0);
-    std::reverse(tables.begin(), tables.end());
-    for (int s = 0; s < S; ++s) {
-        const std::vector<int32_t>& prompt = d.prompts[size_t(order[s])];
-        const int n = int(prompt.size());
-        std::vector<int32_t> pos(n);
-        std::vector<int64_t> slots(n);
-        for (int i = 0; i < n; ++i) {
-            pos[i] = i;
-            slots[i] = int64_t(tables[size_t(s) * per + i / bs]) * bs + i % bs;
-        }
-        int32_t qs[2] = {0, n}, len = n;
-        StepBatch b;
-        b.num_tokens = n;
-        b.token_ids = prompt.data();
-        b.positions = pos.data();
-        b.slot_mapping = slots.data();
-        b.num_seqs = 1;
-        b.query_start = qs;
-        b.seq_lens = &len;
-        b.block_tables = tables.data() + size_t(s) * per;
-        b.block_table_stride = per;
-        m.forward(b, pool, nullptr);
+// One sequence's prompt prefilled alone (one step, no logits) into the pool blocks `table` names
+// (row stride `stride`).
+void prefill_alone(CompiledModel& m, KvPool& pool, const std::vector<int32_t>& prompt, const int32_t* table, int stride) {
+    const int bs = m.info().block_size, n = int(prompt.size());
+    std::vector<int32_t> pos(n);
+    std::vector<int64_t> slots(n);
+    for (int i = 0; i < n; ++i) {
+        pos[i] = i;
+        slots[i] = int64_t(table[i / bs]) * bs + i % bs;
     }
+    int32_t qs[2] = {0, n}, len = n;
+    StepBatch b;
+    b.num_tokens = n;
+    b.token_ids = prompt.data();
+    b.positions = pos.data();
+    b.slot_mapping = slots.data();
+    b.num_seqs = 1;
+    b.query_start = qs;
+    b.seq_lens = &len;
+    b.block_tables = table;
+    b.block_table_stride = stride;
+    m.forward(b, pool, nullptr);
+}
+
+// One decode step of the sequences `order` names (each prefilled into row s of `tables`, stride
+// `per`), in that order, each with its `next` token: the logits, [place in order][vocab].
+std::vector<float> decode_step(CompiledModel& m, KvPool& pool, const DecodeSeqs& d, const std::vector<int>& order,
+                               const std::vector<int32_t>& tables, int per) {
+    const int V = m.info().vocab_size, bs = m.info().block_size, S = int(order.size());
     std::vector<int32_t> pos(S), qs(S + 1), lens(S), rows(S), next(S);
     std::vector<int64_t> slots(S);
     for (int s = 0; s < S; ++s) {
@@ -171,9 +167,25 @@ std::vector<std::vector<float>> decode_together(CompiledModel& m, const DecodeSe
     b.block_table_stride = per;
     b.num_logits = S;
     b.logit_rows = rows.data();
-    std::vector<float> first(size_t(S) * V), again(size_t(S) * V);
-    m.forward(b, pool, first.data());
-    m.forward(b, pool, again.data());
+    std::vector<float> logits(size_t(S) * V);
+    m.forward(b, pool, logits.data());
+    return logits;
+}
+
+// The sequences `order` names, each prefilled alone into its own blocks of one pool (blocks in no
+// particular order), then decoding together in one step, in that order: the logits of each (by
+// its place in `order`). The step runs twice (its graph captured, then replayed), with the same bits.
+std::vector<std::vector<float>> decode_together(CompiledModel& m, const DecodeSeqs& d, const std::vector<int>& order) {
+    const int V = m.info().vocab_size;
+    const int per = 4, S = int(order.size());
+    std::vector<std::byte> anchor(16);
+    KvPool pool{anchor.data(), S * per};
+    std::vector<int32_t> tables(size_t(S) * per);
+    std::iota(tables.begin(), tables.end(), 0);
+    std::reverse(tables.begin(), tables.end());
+    for (int s = 0; s < S; ++s) prefill_alone(m, pool, d.prompts[size_t(order[s])], tables.data() + size_t(s) * per, per);
+    const std::vector<float> first = decode_step(m, pool, d, order, tables, per);
+    const std::vector<float> again = decode_step(m, pool, d, order, tables, per);
     EXPECT_EQ(std::memcmp(first.data(), again.data(), first.size() * 4), 0) << "a decode step's graph replay differs from its first run";
     std::vector<std::vector<float>> out(static_cast<size_t>(S));
     for (int s = 0; s < S; ++s) out[size_t(s)].assign(first.begin() + ptrdiff_t(s) * V, first.begin() + ptrdiff_t(s + 1) * V);
@@ -327,57 +339,11 @@ TEST(CudaGraphs, DecodeGraphsCapturedAgainAfterTheScratchGrows) {
     KvPool pool{anchor.data(), S * per + long_blocks};
     std::vector<int32_t> tables(size_t(pool.num_blocks));
     std::iota(tables.begin(), tables.end(), 0);
-    const auto prefill = [&](const std::vector<int32_t>& prompt, const int32_t* table, int stride) {
-        const int n = int(prompt.size());
-        std::vector<int32_t> pos(n);
-        std::vector<int64_t> slots(n);
-        for (int i = 0; i < n; ++i) {
-            pos[i] = i;
-            slots[i] = int64_t(table[i / bs]) * bs + i % bs;
-        }
-        int32_t qs[2] = {0, n}, len = n;
-        StepBatch b;
-        b.num_tokens = n;
-        b.token_ids = prompt.data();
-        b.positions = pos.data();
-        b.slot_mapping = slots.data();
-        b.num_seqs = 1;
-        b.query_start = qs;
-        b.seq_lens = &len;
-        b.block_tables = table;
-        b.block_table_stride = stride;
-        m->forward(b, pool, nullptr);
-    };
     const DecodeSeqs d = make_seqs(V, S);
-    for (int s = 0; s < S; ++s) prefill(d.prompts[size_t(s)], tables.data() + size_t(s) * per, per);
-    const auto decode = [&] {
-        std::vector<int32_t> pos(S), qs(S + 1), lens(S), rows(S);
-        std::vector<int64_t> slots(S);
-        for (int s = 0; s < S; ++s) {
-            const int p = int(d.prompts[size_t(s)].size());
-            pos[s] = p;
-            lens[s] = p + 1;
-            slots[s] = int64_t(tables[size_t(s) * per + p / bs]) * bs + p % bs;
-            qs[s] = s;
-            rows[s] = s;
-        }
-        qs[S] = S;
-        StepBatch b;
-        b.num_tokens = S;
-        b.token_ids = d.next.data();
-        b.positions = pos.data();
-        b.slot_mapping = slots.data();
-        b.num_seqs = S;
-        b.query_start = qs.data();
-        b.seq_lens = lens.data();
-        b.block_tables = tables.data();
-        b.block_table_stride = per;
-        b.num_logits = S;
-        b.logit_rows = rows.data();
-        std::vector<float> logits(size_t(S) * V);
-        m->forward(b, pool, logits.data());
-        return logits;
-    };
+    for (int s = 0; s < S; ++s) prefill_alone(*m, pool, d.prompts[size_t(s)], tables.data() + size_t(s) * per, per);
+    std::vector<int> order(S);
+    std::iota(order.begin(), order.end(), 0);
+    const auto decode = [&] { return decode_step(*m, pool, d, order, tables, per); };
     // The first decode step's eager run allocates the scratch, after the step checked the epoch, so
     // the second step captures again; from the third the graph is replayed.
     const std::vector<float> first = decode();
@@ -390,7 +356,7 @@ TEST(CudaGraphs, DecodeGraphsCapturedAgainAfterTheScratchGrows) {
     for (int i = 0; i < long_len; ++i) long_prompt[size_t(i)] = 1 + (i * 37 + 11) % (V - 1);
     // Its block table: the pool's last long_blocks blocks, one row.
     const std::vector<int32_t> long_table(tables.end() - long_blocks, tables.end());
-    prefill(long_prompt, long_table.data(), long_blocks);
+    prefill_alone(*m, pool, long_prompt, long_table.data(), long_blocks);
     ASSERT_GT(cuda_rt::cublas_scratch_epoch(), epoch) << "the long prefill did not grow cuBLASLt's scratch: nothing is checked";
     const std::vector<float> again = decode();
     EXPECT_EQ(m->stats().graphs_captured, captured + 1) << "the decode graph was not captured again after the scratch grew";

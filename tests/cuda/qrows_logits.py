@@ -27,6 +27,10 @@ SCR_CUDA_QUANT_PREFILL_MIN_ROWS=0 (the quantized kernels for every row count): s
 cuBLASLt on expanded weights and must be within the tolerance, shorter ones the same bits. For a
 format without the one-row tensor-core kernel the yardstick is the 1-token drift between its default
 GEMV and SCR_CUDA_QUANT_GEMV=simt.
+With --mode wide (MLX int4 g32 / g64, session 32): steps of 33-256 rows on quant_wide_kernel
+(SCR_CUDA_QUANT_WIDE=256; off by default) against the defaults (33-64 rows in staged passes, 65-256 on
+cuBLASLt): prompts of 1, 2, 32, 33, 64, 65, 160 and 256 tokens; 33+ must be within the tolerance,
+shorter ones the same bits.
 Exit 0 only if every prompt passes.
 """
 import json, math, os, random, subprocess, sys
@@ -56,7 +60,10 @@ MODES = {
     "staged": ({"SCR_CUDA_QUANT_STAGED": "0"}, (1, 2, 3, 8, 16, 17), {3, 8, 16, 17}),
     "passes": ({"SCR_CUDA_QUANT_STAGED": "0"}, (1, 2, 16, 17, 32, 64), {16, 17, 32, 64}),
     "cublas": ({"SCR_CUDA_QUANT_PREFILL_MIN_ROWS": "0"}, (1, 32, 33, 64, 65), None),  # changed: --min-rows
+    "wide": ({}, (1, 2, 32, 33, 64, 65, 160, 256), {33, 64, 65, 160, 256}),
 }
+# The new path's environment where it is not the default (quant_wide_kernel is off by default).
+NEW_ENV = {"wide": {"SCR_CUDA_QUANT_WIDE": "256"}}
 
 
 def main():
@@ -100,7 +107,7 @@ def main():
     print(f"yardstick: 1-token logits, {what}: {base:.2e} relative; tolerance {tol:.2e}")
     bad = 0
     for n, ids in prompts.items():
-        new = logits(scr, ckpt, ids, {})
+        new = logits(scr, ckpt, ids, NEW_ENV.get(mode, {}))
         old = logits(scr, ckpt, ids, old_env)
         if len(new) != n or len(old) != n:
             print(f"prompt of {n}: {len(new)} / {len(old)} positions, expected {n} -> FAILED")

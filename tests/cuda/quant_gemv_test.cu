@@ -183,7 +183,17 @@ void free_weights(DevWeights& w) {
     w = {};
 }
 
-constexpr int kMaxRows = 64;  // token rows of the largest check
+constexpr int kMaxRows = 160;  // token rows of the largest check (three of quant_wide_kernel's 64-row tiles)
+// The workspace of quant_wide_kernel (MLX int4 at 33-256 rows), for every K here; set on every Ctx.
+void* g_qwide_ws = nullptr;
+constexpr int64_t kQwideWsBytes = scr::kernels::cuda::qdetail::quant_wide_workspace_bytes(32768);
+Ctx ctx_on(cudaStream_t st) {
+    Ctx c;
+    c.stream = st;
+    c.qwide_ws = g_qwide_ws;
+    c.qwide_ws_bytes = g_qwide_ws ? kQwideWsBytes : 0;
+    return c;
+}
 constexpr QuantGemvPath kPaths[] = {QuantGemvPath::smem, QuantGemvPath::mma, QuantGemvPath::simt, QuantGemvPath::tc1};
 const char* name_of(QuantGemvPath p) {
     return p == QuantGemvPath::mma ? "mma" : p == QuantGemvPath::smem ? "smem" : p == QuantGemvPath::tc1 ? "tc1" : "simt";
@@ -210,8 +220,14 @@ bool path_applies(QuantGemvPath p, Fmt f) {
 // tc1 must really run when asked for: its launcher records a split, cleared before each launch.
 // quant_staged_kernel must run where its rule takes the launch (tiles: 16-row tiles, SwiGLU's twice;
 // chunks: 128-k chunks per row).
-void expect_tc1_ran(QuantGemvPath path, int rows, int tiles, int chunks, bool fused) {
-    if (path != QuantGemvPath::tc1 || rows > tc1_top()) return;
+// wide: the format is one quant_wide_kernel takes (MLX int4 g32 / g64), which then must run at 33+ rows.
+void expect_tc1_ran(QuantGemvPath path, int rows, int tiles, int chunks, bool fused, bool wide) {
+    if (path != QuantGemvPath::tc1) return;
+    if (wide && qdetail::qwide_takes(rows)) {
+        if (qdetail::qwide_last_plan().slices == 0) die(text("quant_wide_kernel declined a launch of %d rows", rows));
+        return;
+    }
+    if (rows > tc1_top()) return;
     if (rows <= tc1_rows() && qdetail::qmma1_last_split().warps == 0) die(text("quant_mma1_kernel declined a launch of %d rows", rows));
     if (rows > tc1_rows() && qdetail::qstaged_takes(rows, tiles, chunks, fused) && qdetail::qstaged_last_plan().slices == 0)
         die(text("quant_staged_kernel declined a launch of %d rows (%d tiles)", rows, tiles));
@@ -226,13 +242,36 @@ void expect_tc1_ran(QuantGemvPath path, int rows, int tiles, int chunks, bool fu
 struct Regime {
     int lo, hi;
 };
-std::vector<Regime> staged_regimes(int tiles, int chunks, bool fused) {
-    const int pass = qdetail::kQsMaxRows, top = std::min(qdetail::qstaged_max_rows(), kMaxRows);
-    if (top <= pass) return {{3, 8}, {9, top}};
-    if (qdetail::qstaged_takes(pass + 1, tiles, chunks, fused)) return {{3, 8}, {9, top}, {9, pass + 1}};
-    if (top <= 2 * pass) return {{3, 8}, {9, pass}, {pass + 1, top}};
-    return {{3, 8}, {9, pass}, {pass + 1, 2 * pass}, {9, top}};
+// With `wide` (a format quant_wide_kernel takes, and the kernel on) 33+ rows are its own regime
+// [33, kMaxRows] (one 64-row tile against launches of 33, the other tiles' rows too), and the
+// staged regimes stop at 32.
+std::vector<Regime> staged_regimes(int tiles, int chunks, bool fused, bool wide) {
+    const int pass = qdetail::kQsMaxRows;
+    const int wlo = qdetail::qwide_min_rows();
+    wide = wide && qdetail::qwide_takes(wlo);
+    if (wide && wlo <= pass + 1) {  // SCR_CUDA_QUANT_WIDE_FROM below 18: the staged regimes end before it
+        std::vector<Regime> r;
+        if (wlo > 8) r.push_back({3, 8});
+        if (wlo > 9) r.push_back({9, wlo - 1});
+        r.push_back({wlo, std::min(qdetail::qwide_max_rows(), kMaxRows)});
+        return r;
+    }
+    const int top = std::min(std::min(qdetail::qstaged_max_rows(), kMaxRows), wide ? wlo - 1 : kMaxRows);
+    std::vector<Regime> r;
+    if (top <= pass) r = {{3, 8}, {9, top}};
+    else if (qdetail::qstaged_takes(pass + 1, tiles, chunks, fused)) r = {{3, 8}, {9, top}, {9, pass + 1}};
+    else if (top <= 2 * pass) r = {{3, 8}, {9, pass}, {pass + 1, top}};
+    else r = {{3, 8}, {9, pass}, {pass + 1, 2 * pass}, {9, top}};
+    if (wide) r.push_back({wlo, std::min(qdetail::qwide_max_rows(), kMaxRows)});
+    return r;
 }
+// Whether format F is one quant_wide_kernel takes.
+template <class F>
+constexpr bool wide_format() {
+    if constexpr (F::kAffine) return F::kGroup <= 64;
+    else return false;
+}
+bool wide_format(Fmt f) { return f == Fmt::int4_g32 || f == Fmt::int4_g64; }
 // A batch-invariance comparison: outputs whose bits differ between the batched launch and the
 // launches of fewer rows, of how many, and the batched launch's split (split_of).
 struct Invariance {
@@ -257,8 +296,9 @@ void launch_as(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path) {
         die(text("the shared-memory path does not take %dx%d (or the pointers' alignment)", a.n, a.k));
     qdetail::qmma1_last_split() = {0, 0};
     qdetail::qstaged_last_plan() = {};  // a launch that never reaches the staged kernel prints no stale plan
+    qdetail::qwide_last_plan() = {};
     quant_linear<F>(c, a, path);
-    expect_tc1_ran(path, a.rows, (a.n + 15) / 16, a.k / 128, false);
+    expect_tc1_ran(path, a.rows, (a.n + 15) / 16, a.k / 128, false, wide_format<F>());
 }
 
 // The tensor-core kernel's K split in the last launch (SCR_CUDA_QUANT_SPLITK, qmma_split): "warps x
@@ -268,6 +308,8 @@ std::string split_of(QuantGemvPath path, int rows = 1) {
         return qdetail::qsmem_last_depth() ? text(" ks%d d%d", qdetail::qsmem_last_split(), qdetail::qsmem_last_depth())
                                            : text(" ks%d", qdetail::qsmem_last_split());
     if (path == QuantGemvPath::simt) return "";
+    if (path == QuantGemvPath::tc1 && qdetail::qwide_last_plan().slices > 0)
+        return text(" wide s%dg%d", qdetail::qwide_last_plan().slices, qdetail::qwide_last_plan().row_groups);
     if (path == QuantGemvPath::tc1 && rows > tc1_rows() && rows <= tc1_top() && qdetail::qstaged_last_plan().slices > 0) {
         const qdetail::QStagedPlan& p = qdetail::qstaged_last_plan();
         return text(" s%dw%dg%d", p.slices, p.waves, p.row_groups);
@@ -299,16 +341,14 @@ void with_format(Fmt f, const char* who, Fn&& fn) {
 }
 
 void launch(Fmt f, QuantGemvPath path, cudaStream_t st, const QuantLinearArgs& a) {
-    Ctx c;
-    c.stream = st;
+    Ctx c = ctx_on(st);
     with_format<true>(f, "launch", [&]<class F>() { launch_as<F>(c, a, path); });
 }
 
 // The existing bf16 GEMV, for the shapes of this test (its N and K are template constants).
 template <int N, int K>
 void dense_bf16(cudaStream_t st, int rows, const float* x, const void* w, float* y) {
-    Ctx c;
-    c.stream = st;
+    Ctx c = ctx_on(st);
     linear<N, K, bf16_t>(c, rows, x, static_cast<const bf16_t*>(w), nullptr, nullptr, y);
 }
 // False when no bf16 GEMV is compiled for the shape (then only the quantized kernels run).
@@ -678,6 +718,177 @@ int check_emulation(Fmt f, int k, uint32_t seed, double& worst, bool perturb = f
     return bad;
 }
 
+// ---- Host emulation of quant_wide_kernel's data path (kernels/cuda/quant_wide.cuh) ----
+// One block (row group 0, token tile 0, one K slice) of a plain launch of `n` weight rows (n < 256:
+// the last warps' rows clamp to the last row) over K = k and `rows` real tokens of the 64-token tile
+// (the rest padding): the prep's placement of x's fragments and group sums (qw_prep_frag,
+// qw_xsum), the producer's weight copies (qw_copy_row, qw_row_of), the warps' reads (qw_lane_row,
+// qw_xfrag), the MMAs and group sums (emulated as emulate_warp does), and the epilogue's output
+// positions. Returns y[rows][n] (NaN where nothing was written; a position written twice counts in
+// `twice`).
+template <class F>
+std::vector<double> emulate_wide_block(int n, int k, int rows, const HostWeights& h, const std::vector<float>& x, int& twice) {
+    constexpr int G = F::kGroup, GPC = 128 / G, WPG = F::kWordsPerGroup, TN = qdetail::kQwTN, TP = qdetail::kQwTokens;
+    const int chunks = k / 128;
+    const size_t row_bytes = size_t(k) / 128 * 64;
+    constexpr int kFragWords = qdetail::kQwFragBytes / 4;
+    // The prep: x's B fragments and group sums per chunk.
+    std::vector<uint32_t> X(size_t(chunks) * kFragWords, 0xdeadbeefu);
+    std::vector<float> XS(size_t(chunks) * GPC * TP, std::nanf(""));
+    for (int c = 0; c < chunks; ++c)
+        for (int tok = 0; tok < TP; ++tok) {
+            float gsum[GPC] = {};
+            for (int sub = 0; sub < 16; ++sub) {
+                float xv[8];
+                for (int i = 0; i < 8; ++i) xv[i] = tok < rows ? x[size_t(tok) * k + c * 128 + 8 * sub + i] : 0.0f;
+                float gs = 0.0f;
+                for (int i = 0; i < 8; ++i) gs += xv[i];
+                gsum[8 * sub / G] += gs;
+                uint32_t bh[4], bl[4];
+                for (int q = 0; q < 4; ++q) qdetail::qsplit_bf16x2(xv[q], xv[q + 4], bh[q], bl[q]);
+                const int at = qdetail::qw_prep_frag<F::kSwap>(tok, sub);
+                for (int q = 0; q < 4; ++q) {
+                    X[size_t(c) * kFragWords + size_t(at) * 4 + q] = bh[q];
+                    X[size_t(c) * kFragWords + size_t(at + 32) * 4 + q] = bl[q];
+                }
+            }
+            for (int gi = 0; gi < GPC; ++gi) XS[size_t(c) * GPC * TP + qdetail::qw_xsum(gi, tok)] = gsum[gi];
+        }
+    // The producer: each stage's weight rows and parameters as the block's threads copy them.
+    std::vector<uint8_t> W(size_t(chunks) * qdetail::kQwRows * 64, 0xee);
+    std::vector<uint16_t> PS(size_t(chunks) * qdetail::kQwRows * GPC), PB(PS.size());
+    for (int c = 0; c < chunks; ++c)
+        for (int tid = 0; tid < 256; ++tid) {
+            for (int q = 0; q < 4; ++q) {
+                const int r = qdetail::qw_copy_row(tid, q), row = std::min(qdetail::qw_row_of<false>(0, r), n - 1);
+                std::memcpy(&W[(size_t(c) * qdetail::kQwRows + r) * 64 + (tid % 4) * 16], &h.q[size_t(row) * row_bytes + size_t(c) * 64 + (tid % 4) * 16], 16);
+            }
+            const int row = std::min(qdetail::qw_row_of<false>(0, tid), n - 1);
+            for (int j = 0; j < GPC; ++j) {
+                PS[(size_t(c) * qdetail::kQwRows + tid) * GPC + j] = h.scales[size_t(row) * (k / G) + c * GPC + j];
+                PB[(size_t(c) * qdetail::kQwRows + tid) * GPC + j] = h.biases[size_t(row) * (k / G) + c * GPC + j];
+            }
+        }
+    // The warps.
+    std::vector<double> y(size_t(rows) * n, std::nan(""));
+    twice = 0;
+    for (int warp = 0; warp < qdetail::kQwWarps; ++warp)
+        for (int m = 0; m < 2; ++m) {
+            static float acc[TN][32][4];
+            for (auto& a : acc)
+                for (auto& l : a)
+                    for (float& e : l) e = 0.0f;
+            for (int c = 0; c < chunks; ++c) {
+                uint32_t v[32][2][4];
+                for (int l = 0; l < 32; ++l)
+                    for (int hh = 0; hh < 2; ++hh)
+                        std::memcpy(v[l][hh], &W[(size_t(c) * qdetail::kQwRows + qdetail::qw_lane_row(warp, m, l / 4, hh)) * 64 + 16 * (l % 4)], 16);
+                for (int mm = 1; mm <= 2; mm *= 2) {  // qxpose, __shfl_xor_sync emulated
+                    if (!(F::kSwap & mm)) continue;
+                    for (int i = 0; i < 2; ++i) {
+                        const int a = qdetail::qxpose_word(mm, i);
+                        uint32_t sent[32][2];
+                        for (int l = 0; l < 32; ++l)
+                            for (int hh = 0; hh < 2; ++hh) sent[l][hh] = qdetail::qxpose_send(v[l][hh], l % 4, mm, a);
+                        for (int l = 0; l < 32; ++l)
+                            for (int hh = 0; hh < 2; ++hh) qdetail::qxpose_recv(v[l][hh], l % 4, mm, a, sent[l ^ mm][hh]);
+                    }
+                }
+                static float cg[TN][32][4];
+                for (int wd = 0; wd < 4; ++wd) {
+                    if (wd % WPG == 0)
+                        for (auto& a : cg)
+                            for (auto& l : a)
+                                for (float& e : l) e = 0.0f;
+                    uint32_t a01[32][4], a23[32][4];
+                    for (int l = 0; l < 32; ++l) {
+                        uint32_t a0[4], a8[4];
+                        qdetail::qunpack_u4_bf16(v[l][0][wd], a0);
+                        qdetail::qunpack_u4_bf16(v[l][1][wd], a8);
+                        a01[l][0] = a0[0], a01[l][1] = a8[0], a01[l][2] = a0[1], a01[l][3] = a8[1];
+                        a23[l][0] = a0[2], a23[l][1] = a8[2], a23[l][2] = a0[3], a23[l][3] = a8[3];
+                    }
+                    for (int nt = 0; nt < TN; ++nt) {
+                        uint32_t bh[32][2], bh2[32][2], bl[32][2], bl2[32][2];
+                        for (int l = 0; l < 32; ++l) {
+                            const uint32_t* vh = &X[size_t(c) * kFragWords + size_t(qdetail::qw_xfrag(wd, nt, l)) * 4];
+                            const uint32_t* vl = &X[size_t(c) * kFragWords + size_t(qdetail::qw_xfrag(wd, nt, l) + 32) * 4];
+                            bh[l][0] = vh[0], bh[l][1] = vh[1], bh2[l][0] = vh[2], bh2[l][1] = vh[3];
+                            bl[l][0] = vl[0], bl[l][1] = vl[1], bl2[l][0] = vl[2], bl2[l][1] = vl[3];
+                        }
+                        mma_emulate(a01, bh, cg[nt]);
+                        mma_emulate(a23, bh2, cg[nt]);
+                        mma_emulate(a01, bl, cg[nt]);
+                        mma_emulate(a23, bl2, cg[nt]);
+                    }
+                    if (wd % WPG != WPG - 1) continue;
+                    const int grp = wd / WPG;
+                    for (int nt = 0; nt < TN; ++nt)
+                        for (int l = 0; l < 32; ++l) {
+                            const int g = l / 4, t = l % 4;
+                            for (int e = 0; e < 4; ++e) {
+                                const int r = qdetail::qw_lane_row(warp, m, g, e / 2);
+                                const float sc = float(bf16_to_double(PS[(size_t(c) * qdetail::kQwRows + r) * GPC + grp]));
+                                const float bi = float(bf16_to_double(PB[(size_t(c) * qdetail::kQwRows + r) * GPC + grp]));
+                                const float xc = XS[size_t(c) * GPC * TP + qdetail::qw_xsum(grp, nt * 8 + 2 * t + e % 2)];
+                                acc[nt][l][e] = std::fma(bi, xc, std::fma(sc, cg[nt][l][e], acc[nt][l][e]));
+                            }
+                        }
+                }
+            }
+            for (int nt = 0; nt < TN; ++nt)
+                for (int l = 0; l < 32; ++l) {
+                    const int g = l / 4, t = l % 4;
+                    for (int e = 0; e < 4; ++e) {
+                        const int tok = nt * 8 + 2 * t + (e & 1);
+                        const int row = qdetail::qw_row_of<false>(0, qdetail::qw_lane_row(warp, m, g, e >> 1));
+                        if (tok >= rows || row >= n) continue;
+                        double& out = y[size_t(tok) * n + row];
+                        twice += std::isnan(out) ? 0 : 1;
+                        out = acc[nt][l][e];
+                    }
+                }
+        }
+    return y;
+}
+
+// emulate_wide_block against the float64 reference (the GPU test's bound); `perturb`: a negative
+// control (x permuted in the emulation's input only), which must fail.
+template <class F>
+int check_wide_emulation(Fmt f, int n, int k, int rows, uint32_t seed, double& worst, bool perturb = false) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> ux(-1.0f, 1.0f), us(0.004f, 0.012f), ub(-0.1f, -0.03f);
+    HostWeights h;
+    h.q.resize(size_t(n) * k / 2);
+    for (auto& b : h.q) b = uint8_t(rng());
+    for (int i = 0; i < n * (k / group_of(f)); ++i) {
+        h.scales.push_back(uint16_t(qdetail::qbf16_bits(us(rng))));
+        h.biases.push_back(uint16_t(qdetail::qbf16_bits(ub(rng))));
+    }
+    std::vector<float> x(size_t(rows) * k);
+    for (auto& v : x) v = ux(rng) * 2.0f;
+    std::vector<float> xe = x;
+    if (perturb) std::swap(xe[size_t(rows - 1) * k + 3], xe[size_t(rows - 1) * k + 77]);
+    int twice = 0;
+    const std::vector<double> y = emulate_wide_block<F>(n, k, rows, h, xe, twice);
+    int bad = twice;
+    std::vector<double> w(k), bound(k);
+    for (int r = 0; r < n; ++r) {
+        dequant_row(f, h, k, r, w, bound);
+        for (int t = 0; t < rows; ++t) {
+            double ref = 0.0, mag = 0.0;
+            for (int i = 0; i < k; ++i) {
+                ref += double(x[size_t(t) * k + i]) * w[i];
+                mag += std::fabs(double(x[size_t(t) * k + i])) * bound[i];
+            }
+            const double e = std::fabs(y[size_t(t) * n + r] - ref), tol = kMmaTolRel * mag + kMmaTolAbs;
+            if (!(e <= tol)) ++bad;  // NaN: never written
+            if (!perturb) worst = std::max(worst, e / tol);
+        }
+    }
+    return bad;
+}
+
 // Exactness of the bit tricks on the host (runs here, no GPU): every nibble and every int8 value;
 // then the tensor-core kernel's mapping, emulated.
 int host_selftest() {
@@ -776,6 +987,32 @@ int host_selftest() {
     std::printf("host selftest (tensor-core warp emulated, int4 g32/g64/g128 + int8 + fp8 channel/tensor, 16 rows x 8 tokens, "
                 "against float64, bound 2e-5 B + 1e-6): worst err/bound %.3g, %d wrong; negative control caught %d/6: %s\n",
                 worst, ebad, control, ebad == 0 && control == 6 ? "ok" : "FAILED");
+    // quant_wide_kernel's data path (off by default until it runs on a GPU): 40 rows (warps 2-7
+    // clamp to the last row), 37 real tokens of the 64-token tile, 3 chunks; g32 and g64. The
+    // SwiGLU row map sends a lane's gate and up tiles to the same output rows, every row once.
+    double wworst = 0.0;
+    int wbad = 0, wcontrol = 0;
+    wbad += check_wide_emulation<qdetail::MlxInt4<32, bf16_t>>(Fmt::int4_g32, 40, 384, 37, 7, wworst);
+    wbad += check_wide_emulation<qdetail::MlxInt4<64, bf16_t>>(Fmt::int4_g64, 40, 384, 37, 8, wworst);
+    wcontrol += check_wide_emulation<qdetail::MlxInt4<32, bf16_t>>(Fmt::int4_g32, 40, 384, 37, 7, unused, true) > 0;
+    wcontrol += check_wide_emulation<qdetail::MlxInt4<64, bf16_t>>(Fmt::int4_g64, 40, 384, 37, 8, unused, true) > 0;
+    {
+        std::vector<int> seen(2 * qdetail::kQwRows / 2, 0);  // two row groups of 128 output rows
+        for (int rg = 0; rg < 2; ++rg)
+            for (int warp = 0; warp < qdetail::kQwWarps; ++warp)
+                for (int g = 0; g < 8; ++g)
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const int gate = qdetail::qw_row_of<true>(rg, qdetail::qw_lane_row(warp, 0, g, hh));
+                        const int up = qdetail::qw_row_of<true>(rg, qdetail::qw_lane_row(warp, 1, g, hh));
+                        if (gate != up || gate < 0 || gate >= int(seen.size())) ++wbad;
+                        else ++seen[size_t(gate)];
+                    }
+        for (int c : seen) wbad += c != 1;
+    }
+    std::printf("host selftest (quant_wide_kernel's block emulated: prep placement, weight copies, warp reads, MMAs, epilogue "
+                "positions; g32/g64, 40 rows x 37 of 64 tokens x 384 k, against float64, bound 2e-5 B + 1e-6): worst err/bound "
+                "%.3g, %d wrong; negative control caught %d/2: %s\n",
+                wworst, wbad, wcontrol, wbad == 0 && wcontrol == 2 ? "ok" : "FAILED");
     // The split-K choice (qmma_split): a valid launch for every shape (whole chunks per warp, at most
     // 8 warps and 8 blocks per cluster), mode 0 is the original split, mode 1 fits one wave (row tiles
     // x slices <= resident warps, or 1 slice) and could not double without leaving it.
@@ -827,7 +1064,7 @@ int host_selftest() {
     block_is("8B down", false, 4096, 14336, {16, 8, 2});
     block_is("8B lm_head", false, 128256, 4096, {8, 1, 8});
     std::printf("host selftest (one-row block shapes, 10 Llama launches): %d wrong: %s\n", bbad, bbad ? "FAILED" : "ok");
-    return bad || xbad || ebad || control != 6 || sbad || bbad ? 1 : 0;
+    return bad || xbad || ebad || control != 6 || wbad || wcontrol != 2 || sbad || bbad ? 1 : 0;
 }
 
 }  // namespace
@@ -843,6 +1080,7 @@ void launch_fused_as(const Ctx& c, const QuantFusedArgs& a, bool swiglu, QuantGe
         die(text("the shared-memory path declined k = %d", a.k));
     bool ran;
     qdetail::qstaged_last_plan() = {};
+    qdetail::qwide_last_plan() = {};
     qdetail::qmma1_last_split() = {0, 0};
     if (swiglu && path == QuantGemvPath::tc1 && a.rows >= 2 && a.rows <= tc1_rows()) {
         // As the model's qlinear_swiglu: the gate and up rows grouped into a scratch, then silu * mul.
@@ -860,7 +1098,7 @@ void launch_fused_as(const Ctx& c, const QuantFusedArgs& a, bool swiglu, QuantGe
         ran = a.norm_w ? qdetail::swiglu_grouped<0, F, true>(c, a.rows, a.mat[0].n, a.k, nullptr, w(0), w(1), tmp, a.mat[0].y, norm)
                        : qdetail::swiglu_grouped<0, F, false>(c, a.rows, a.mat[0].n, a.k, a.x, w(0), w(1), tmp, a.mat[0].y, norm);
         if (!ran) die(text("the grouped SwiGLU path declined %d rows, k = %d", a.rows, a.k));
-        expect_tc1_ran(path, a.rows, 0, 0, true);
+        expect_tc1_ran(path, a.rows, 0, 0, true, false);
         return;
     }
     if (swiglu) ran = a.norm_w ? quant_linear_fused<F, true, true>(c, a, path) : quant_linear_fused<F, true, false>(c, a, path);
@@ -869,11 +1107,10 @@ void launch_fused_as(const Ctx& c, const QuantFusedArgs& a, bool swiglu, QuantGe
     int n_total = 0;  // as the kernel stacks the rows; SwiGLU's tiles count twice (gate and up)
     for (int m = 0; m < a.nmat; ++m) n_total += a.mat[m].n;
     const int tiles = swiglu ? (a.mat[0].n + 15) / 16 * 2 : (n_total + 15) / 16;
-    if (!swiglu || a.rows == 1 || a.rows > tc1_rows()) expect_tc1_ran(path, a.rows, tiles, a.k / 128, swiglu || a.norm_w);
+    if (!swiglu || a.rows == 1 || a.rows > tc1_rows()) expect_tc1_ran(path, a.rows, tiles, a.k / 128, swiglu || a.norm_w, wide_format<F>());
 }
 void launch_fused(Fmt f, cudaStream_t st, const QuantFusedArgs& a, bool swiglu, QuantGemvPath path) {
-    Ctx c;
-    c.stream = st;
+    Ctx c = ctx_on(st);
     with_format(f, "launch_fused", [&]<class F>() { launch_fused_as<F>(c, a, swiglu, path); });
 }
 
@@ -1001,7 +1238,7 @@ int fused_checks(cudaStream_t st) {
         {"8B qkv grouped + norm", 4096, {4096, 1024, 1024}, false, true, false},
         {"8B gate/up swiglu + norm", 4096, {14336, 14336, 0}, true, true, false},
     };
-    const int check_rows[] = {1, 2, 3, 4, 5, 8, 13, 16, kMaxRows};
+    const int check_rows[] = {1, 2, 3, 4, 5, 8, 13, 16, 33, 64, kMaxRows};
     const float eps = 1e-5f;
     int failures = 0;
     for (const FusedCase& fc : cases) {
@@ -1110,7 +1347,7 @@ int fused_checks(cudaStream_t st) {
             std::printf("check fused %-34s k %4d %-13s %-4s batch invariance (%d rows vs launches of %d): %zu of %zu outputs differ -> %s\n",
                         fc.what, k, name_of(f), name_of(path), inv_rows, alone, all.differ, all.total, all.verdict());
             const int chunks = k / 128, tiles = fc.swiglu ? (fc.n[0] + 15) / 16 * 2 : (fc.n[0] + fc.n[1] + fc.n[2] + 15) / 16;
-            for (const Regime& rg : staged_regimes(tiles, chunks, fc.swiglu || fc.norm)) {
+            for (const Regime& rg : staged_regimes(tiles, chunks, fc.swiglu || fc.norm, wide_format(f))) {
                 if (path != QuantGemvPath::tc1 || rg.hi > tc1_top()) continue;
                 // A regime above 2 rows: its largest batch against each row as the first of a launch of its smallest.
                 const Invariance v = invariance(rg.hi, rg.lo, 1);
@@ -1263,8 +1500,7 @@ int tc1_form_checks(cudaStream_t st) {
     };
     const char* modes[] = {"random", "wide range", "q 15, x +top", "q 15, x -top", "q 15, x +-top by parity"};
     int failures = 0, checks = 0;
-    Ctx c;
-    c.stream = st;
+    Ctx c = ctx_on(st);
     for (Fmt f : g_formats) {
         if (!is_int4(f)) continue;
         for (const FusedCase& cs : cases) {
@@ -1596,6 +1832,7 @@ int main(int argc, char** argv) try {
     std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
+    CK(cudaMalloc(&g_qwide_ws, size_t(kQwideWsBytes)));
     const double copy = bench ? copy_gbs() : 0.0;
     if (bench) std::printf("device copy bandwidth (read + write): %.0f GB/s\n", copy);
 
@@ -1606,8 +1843,8 @@ int main(int argc, char** argv) try {
         bool epilogue;  // with a linear bias and a residual added
     };
     const Check checks[] = {{1, false}, {2, false}, {3, false}, {4, false}, {8, false}, {13, false}, {16, false},
-                            {kMaxRows, false}, {5, true}};
-    const int bench_rows[] = {1, 2, 4, 8, 16, 24, 32, 48, 64};
+                            {33, false}, {64, false}, {kMaxRows, false}, {5, true}};
+    const int bench_rows[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160};
     for (const Shape& sh : shapes) {
         const int n = sh.n, k = sh.k;
         float *x = nullptr, *y = nullptr, *y_alone = nullptr;
@@ -1740,7 +1977,7 @@ int main(int argc, char** argv) try {
                 std::printf("check %6dx%-5d %-13s %-4s batch invariance (%d rows vs each alone, +bias+residual): %zu of %zu "
                             "outputs differ -> %s\n",
                             n, k, name_of(f), name_of(path), inv_rows, all.differ, all.total, all.verdict());
-                for (const Regime& rg : staged_regimes((n + 15) / 16, k / 128, false)) {
+                for (const Regime& rg : staged_regimes((n + 15) / 16, k / 128, false, wide_format(f))) {
                     if (path != QuantGemvPath::tc1 || rg.hi > tc1_top()) continue;
                     // A regime above 2 rows: its largest batch against each row as the first of a launch of its smallest.
                     const Invariance v = invariance(rg.hi, rg.lo);

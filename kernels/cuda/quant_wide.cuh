@@ -1,0 +1,614 @@
+// MLX int4 decode batches of 33-256 token rows in one read of the packed weights (quant_wide_kernel;
+// issue #9, docs/QUANT_GEMM_PLAN.md; docs/CUDA.md "Session 32"). Included from quant_linear.cuh.
+//
+// Why. Until now 33-64 rows ran quant_staged_kernel in passes of 16 rows (the weights read and
+// dequantized once per pass) and 65-256 rows expanded every weight to bf16 hi + lo for cuBLASLt
+// every step: the 8B's MLX int4 build trailed its bf16 build 2.3-2.9x from 64 rows. Here one block
+// holds 64 token columns, so the weights are read once per 64 rows (65-256 rows: the token tiles of
+// a row group run side by side and share the weight reads through L2).
+//
+// Two launches:
+//  * quant_wide_prep_kernel turns x (float32, [rows][k]) into what the MMA's B operand takes, in a
+//    workspace (Ctx::qwide_ws): per 64-token tile and 128-k chunk, the bf16 hi + lo fragments in the
+//    layout quant_staged_kernel stages in shared memory (32 KiB), each group's sum of x (the MLX
+//    bias term) and each token's partial sums of squares (a folded RMSNorm; the norm weight is
+//    applied to x here). Padding tokens of the last tile are zeros.
+//  * quant_wide_kernel: 8 warps, each owning two 16-row tiles (plain: 32 consecutive rows; SwiGLU:
+//    16 gate rows and the same 16 up rows) against the tile's 64 tokens (8 MMA columns of 8). Every
+//    128-k chunk (weights, scales, biases, x fragments, x group sums) comes through a 4-stage
+//    cp.async ring in shared memory; the arithmetic per word is quant_mma_kernel's (same A
+//    fragments, group partials c, acc += scale * c + bias * sum(x)). K may be split over a cluster
+//    of up to 8 blocks, whose partials meet in rank order through distributed shared memory.
+//
+// Batch invariance: the split, the row groups and the chunk order depend on the shape only; a token
+// column's arithmetic never sees another column; the prep's sums are per token in a fixed order. So
+// a row's bits are the same in any launch of 33-256 rows (the kernel's regime).
+#pragma once
+
+#include <cooperative_groups.h>
+
+#include <vector>
+
+namespace scr::kernels::cuda::qdetail {
+
+constexpr int kQwWarps = 8;
+constexpr int kQwTN = 8;                // MMA token columns of 8 per block
+constexpr int kQwTokens = kQwTN * 8;    // token rows per block (one token tile)
+constexpr int kQwStages = 4;            // cp.async ring depth
+constexpr int kQwRows = kQwWarps * 32;  // weight rows per block (plain); SwiGLU: half as many output rows
+constexpr int kQwMinRows = 33, kQwMaxRows = 256;
+constexpr int kQwPrepChunks = 4;        // 128-k chunks per prep block
+constexpr int kQwFragBytes = kQwTN * 4 * 64 * 16;  // one chunk of one token tile's B fragments (32 KiB)
+
+// Token rows up to which MLX int4 launches take this kernel (SCR_CUDA_QUANT_WIDE=N: up to N rows, 0:
+// off) and from which (SCR_CUDA_QUANT_WIDE_FROM=N, 3-256; A/B runs). OFF BY DEFAULT: written and
+// compiled in session 32, which had no GPU; its checks (scr_cuda_quant_gemv with
+// SCR_CUDA_QUANT_WIDE=256, tests/cuda/qwide_ab.sh) have not run on one yet. The host emulation of
+// its data path (scr_cuda_quant_gemv --host-selftest) runs in CI.
+constexpr int kQwDefaultMaxRows = 0;
+inline int qwide_max_rows() {
+    static const int v = int(env_int_switch(
+        "SCR_CUDA_QUANT_WIDE", kQwDefaultMaxRows, [](long long n) { return n == 0 || (n >= 3 && n <= kQwMaxRows); },
+        "0 (off) or a row count from 3 to 256"));
+    return v;
+}
+inline int qwide_min_rows() {
+    static const int v = int(env_int_switch(
+        "SCR_CUDA_QUANT_WIDE_FROM", kQwMinRows, [](long long n) { return n >= 3 && n <= kQwMaxRows; }, "a row count from 3 to 256"));
+    return v;
+}
+inline bool qwide_takes(int rows) { return rows >= qwide_min_rows() && rows <= qwide_max_rows(); }
+
+// Workspace bytes for launches of up to kQwMaxRows rows and K = k (any MLX group size, the largest
+// sums: g32). The model sizes Ctx::qwide_ws with its largest quantized K.
+__host__ __device__ constexpr int64_t qwide_workspace_bytes_for(int64_t k, int gpc) {
+    const int64_t chunks = k / 128, tiles = kQwMaxRows / kQwTokens;
+    const int64_t cblocks = (chunks + kQwPrepChunks - 1) / kQwPrepChunks;
+    return tiles * chunks * kQwFragBytes + tiles * chunks * gpc * kQwTokens * 4 + cblocks * kQwMaxRows * 4;
+}
+__host__ __device__ constexpr int64_t quant_wide_workspace_bytes(int64_t k_max) { return qwide_workspace_bytes_for(k_max, 4); }
+// What a model allocates: nothing while the kernel is off (read once, at the model's construction).
+inline int64_t quant_wide_model_workspace_bytes(int64_t k_max) { return qwide_max_rows() > 0 ? quant_wide_workspace_bytes(k_max) : 0; }
+
+// Where a launch's prep output lives in the workspace.
+struct QWideArgs {
+    const uint4* xf = nullptr;  // [tile][chunk] 32 KiB of B fragments
+    const float* xs = nullptr;  // [tile][chunk][group][64] group sums of x
+    const float* ss = nullptr;  // [prep chunk block][token] partial sums of x^2 (NORM)
+    int chunks = 0, cblocks = 0, rows_pad = 0;
+    int sc = 0;  // chunks per K slice (cluster rank)
+};
+
+// ---- The kernel's index maps, shared with the host emulation (quant_gemv_test.cu) ----
+// Prep: token l (0..63) of a tile, k = 8 sub .. 8 sub + 7 of a chunk: the uint4 of its bf16 hi parts
+// in the chunk's 32 KiB of B fragments (the lo parts: + 32), so that lane (g, t) of MMA column n
+// reads word wd's registers at qw_xfrag(wd, n, lane) (quant_staged_kernel's staging mapping).
+template <int SWAP>
+__host__ __device__ __forceinline__ int qw_prep_frag(int l, int sub) {
+    const int ka = sub / 4, kb = sub % 4;
+    const int lt = (ka & ~SWAP) | (kb & SWAP), lw = (kb & ~SWAP) | (ka & SWAP);  // qmma_word_k(lt, lw) == 8 sub
+    return (lw * kQwTN + l / 8) * 64 + (l % 8) * 4 + lt;
+}
+__host__ __device__ __forceinline__ int qw_xfrag(int wd, int n, int lane) { return (wd * kQwTN + n) * 64 + lane; }
+// Group sums of a chunk: group grp (0..GPC-1) of token l.
+__host__ __device__ __forceinline__ int qw_xsum(int grp, int l) { return grp * kQwTokens + l; }
+// Block row r (0..255) = warp * 32 + m * 16 + rr: its output row (SwiGLU: gate m = 0, up m = 1 of
+// the same output row) before clamping to the last row.
+template <bool SWIGLU>
+__host__ __device__ __forceinline__ int qw_row_of(int rg, int r) {
+    if constexpr (SWIGLU) return rg * (kQwRows / 2) + (r / 32) * 16 + r % 16;
+    else return rg * kQwRows + r;
+}
+// The block row a lane's A fragments come from: warp's tile m, rows g (h = 0) and g + 8 (h = 1).
+__host__ __device__ __forceinline__ int qw_lane_row(int warp, int m, int g, int h) { return warp * 32 + m * 16 + g + 8 * h; }
+// Thread tid's q-th weight copy of a stage: block row tid / 4 + 64 q, 16-byte piece tid % 4.
+__host__ __device__ __forceinline__ int qw_copy_row(int tid, int q) { return tid / 4 + 64 * q; }
+
+__device__ __forceinline__ void qw_cp_async(uint32_t dst, const void* src, int bytes) {
+    if (bytes == 8) asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
+    else asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
+
+// x -> B fragments. Block (chunk block, 16-token group): thread (tok, sub) takes k = 8 sub .. 8 sub
+// + 7 of each of the block's chunks for token tok (quant_staged_kernel's staging mapping).
+template <class F, bool NORM>
+__global__ void __launch_bounds__(256) quant_wide_prep_kernel(const float* __restrict__ x, const float* __restrict__ norm_w, int k, int rows,
+                                                              uint4* __restrict__ xf, float* __restrict__ xs, float* __restrict__ ss_out,
+                                                              int rows_pad) {
+    constexpr int G = F::kGroup, GPC = 128 / G;
+    const int chunks = k / 128;
+    const int tok = blockIdx.y * 16 + threadIdx.x / 16, sub = threadIdx.x % 16;
+    const bool real = tok < rows;
+    const int tt = tok / kQwTokens, l = tok % kQwTokens;
+    const int frag_at = qw_prep_frag<F::kSwap>(l, sub);
+    const float* xrow = x + size_t(real ? tok : 0) * k;
+    pdl_wait();
+    float ss = 0.0f;
+    const int c_end = min(chunks, int(blockIdx.x + 1) * kQwPrepChunks);
+    for (int c = blockIdx.x * kQwPrepChunks; c < c_end; ++c) {
+        const int kk = c * 128 + 8 * sub;
+        float xv[8];
+        if (real) {
+            const float4 x0 = __ldg(reinterpret_cast<const float4*>(xrow + kk));
+            const float4 x1 = __ldg(reinterpret_cast<const float4*>(xrow + kk + 4));
+            xv[0] = x0.x; xv[1] = x0.y; xv[2] = x0.z; xv[3] = x0.w;
+            xv[4] = x1.x; xv[5] = x1.y; xv[6] = x1.z; xv[7] = x1.w;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) xv[i] = 0.0f;
+        }
+        if constexpr (NORM) {
+            const float4 n0 = __ldg(reinterpret_cast<const float4*>(norm_w + kk));
+            const float4 n1 = __ldg(reinterpret_cast<const float4*>(norm_w + kk + 4));
+            const float nw[8] = {n0.x, n0.y, n0.z, n0.w, n1.x, n1.y, n1.z, n1.w};
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                ss = fmaf(xv[i], xv[i], ss);
+                xv[i] *= nw[i];
+            }
+        }
+        float gs = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) gs += xv[i];
+#pragma unroll
+        for (int off = 1; off < G / 8; off *= 2) gs += __shfl_xor_sync(0xffffffffu, gs, off);
+        uint32_t bh[4], bl[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) qsplit_bf16x2(xv[q], xv[q + 4], bh[q], bl[q]);
+        const size_t tc = size_t(tt) * chunks + c;
+        uint4* frag = xf + tc * (kQwFragBytes / 16);
+        frag[frag_at] = make_uint4(bh[0], bh[1], bh[2], bh[3]);
+        frag[frag_at + 32] = make_uint4(bl[0], bl[1], bl[2], bl[3]);
+        if (sub % (G / 8) == 0) xs[tc * GPC * kQwTokens + qw_xsum(8 * sub / G, l)] = gs;
+    }
+    if constexpr (NORM) {
+#pragma unroll
+        for (int off = 1; off < 16; off *= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+        if (sub == 0) ss_out[size_t(blockIdx.x) * rows_pad + tok] = ss;
+    }
+    pdl_trigger();
+}
+
+// Shared memory of one stage: weights (kQwRows rows x 64 B), scales and biases (kQwRows rows x GPC
+// values each), B fragments (32 KiB), group sums (GPC x 64 floats).
+template <class F>
+struct QwStage {
+    static constexpr int kGpc = 128 / F::kGroup;
+    static constexpr int kW = 0;
+    static constexpr int kS = kQwRows * 64;
+    static constexpr int kB = kS + kQwRows * kGpc * 2;
+    static constexpr int kX = kB + kQwRows * kGpc * 2;
+    static constexpr int kXs = kX + kQwFragBytes;
+    static constexpr int kBytes = kXs + kGpc * kQwTokens * 4;
+    static_assert(kS % 16 == 0 && kB % 16 == 0 && kX % 16 == 0 && kXs % 16 == 0 && kBytes % 16 == 0, "16-byte aligned parts");
+};
+template <class F>
+constexpr size_t qwide_smem() {
+    return size_t(kQwStages) * QwStage<F>::kBytes;
+}
+
+template <class F, bool SWIGLU, bool NORM>
+__global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const __grid_constant__ QuantFusedArgs p, const __grid_constant__ QWideArgs w) {
+    using ST = typename F::Scale;
+    using L = QwStage<F>;
+    constexpr int MT = 2, TN = kQwTN;
+    constexpr int GPC = L::kGpc, WPG = F::kWordsPerGroup;
+    extern __shared__ __align__(16) unsigned char qw_smem[];
+    __shared__ float inv_s[kQwTokens];
+
+    int n_total = p.mat[0].n;
+    if (!SWIGLU)
+        for (int m = 1; m < p.nmat; ++m) n_total += p.mat[m].n;
+    const int tid = threadIdx.x, warp = tid / kWarp, lane = tid % kWarp;
+    const int g = lane / 4, t = lane % 4;
+    const int rg = blockIdx.x, tt = blockIdx.y;
+    const int slices = int(gridDim.z);
+    const int c_first = int(blockIdx.z) * w.sc;
+    const size_t row_bytes = size_t(p.k) / 128 * 64;
+    const int tok0 = tt * kQwTokens;
+
+    // Block row r: the global row and its matrix.
+    auto global_row = [&](int r, int& mat) {
+        int n = min(qw_row_of<SWIGLU>(rg, r), n_total - 1);  // rows past the last read the last, never written
+        if constexpr (SWIGLU) mat = (r % 32) / 16;
+        else mat = qmat_of(p, n);
+        return n;
+    };
+    // This thread's copies: weight rows tid / 4 + 64 q (16-byte piece tid % 4), parameters of row tid.
+    const uint8_t* wsrc[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        int mat;
+        const int n = global_row(qw_copy_row(tid, q), mat);
+        wsrc[q] = static_cast<const uint8_t*>(p.mat[mat].q) + size_t(n) * row_bytes + size_t(c_first) * 64 + 16 * (tid % 4);
+    }
+    const ST* psrc[2];
+    {
+        int mat;
+        const int n = global_row(tid, mat);
+        const size_t at = size_t(n) * (p.k / F::kGroup) + size_t(c_first) * GPC;
+        psrc[0] = static_cast<const ST*>(p.mat[mat].scales) + at;
+        psrc[1] = static_cast<const ST*>(p.mat[mat].biases) + at;
+    }
+    const uint32_t smem0 = smem_addr(qw_smem);
+    auto issue_weights = [&](int i) {
+        const uint32_t st = smem0 + uint32_t((i % kQwStages) * L::kBytes);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) cp_async16(st + L::kW + qw_copy_row(tid, q) * 64 + (tid % 4) * 16, wsrc[q] + size_t(i) * 64);
+        qw_cp_async(st + L::kS + tid * GPC * 2, psrc[0] + i * GPC, GPC * 2);
+        qw_cp_async(st + L::kB + tid * GPC * 2, psrc[1] + i * GPC, GPC * 2);
+    };
+    auto issue_x = [&](int i) {
+        const uint32_t st = smem0 + uint32_t((i % kQwStages) * L::kBytes);
+        const size_t tc = size_t(tt) * w.chunks + c_first + i;
+        const uint4* src = w.xf + tc * (kQwFragBytes / 16);
+#pragma unroll
+        for (int q = 0; q < kQwFragBytes / 16 / 256; ++q) cp_async16(st + L::kX + (tid + 256 * q) * 16, src + tid + 256 * q);
+        if (tid < GPC * kQwTokens / 4)
+            cp_async16(st + L::kXs + tid * 16, reinterpret_cast<const float4*>(w.xs + tc * GPC * kQwTokens) + tid);
+    };
+
+    float acc[MT][TN][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int n = 0; n < TN; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.0f;
+
+    auto compute = [&](int i) {
+        const unsigned char* st = qw_smem + size_t(i % kQwStages) * L::kBytes;
+        const uint4* wsm = reinterpret_cast<const uint4*>(st + L::kW);
+        const uint4* xsm = reinterpret_cast<const uint4*>(st + L::kX);
+        const float* xsum = reinterpret_cast<const float*>(st + L::kXs);
+        uint32_t wq[MT][2][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) qchunk_words<F::kSwap>(wsm[qw_lane_row(warp, m, g, h) * 4 + t], t, wq[m][h]);
+        // A row's scales or biases of this chunk as qload_group_params lays them out (read when used).
+        auto params = [&](int part, int m, uint32_t (&r)[2][2]) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const uint32_t* p32 = reinterpret_cast<const uint32_t*>(st + part + qw_lane_row(warp, m, g, h) * GPC * 2);
+                r[h][0] = p32[0];
+                r[h][1] = GPC == 4 ? p32[1] : 0u;
+            }
+        };
+        float cg[MT][TN][4];
+#pragma unroll
+        for (int wd = 0; wd < 4; ++wd) {
+            if (wd % WPG == 0) {
+#pragma unroll
+                for (int m = 0; m < MT; ++m)
+#pragma unroll
+                    for (int n = 0; n < TN; ++n)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) cg[m][n][e] = 0.0f;
+            }
+            uint32_t a[MT][2][4];
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) qunpack_u4_bf16(wq[m][h][wd], a[m][h]);
+#pragma unroll
+            for (int n = 0; n < TN; ++n) {
+                const uint4 vh = xsm[qw_xfrag(wd, n, lane)];
+                const uint4 vl = xsm[qw_xfrag(wd, n, lane) + 32];
+                const uint32_t bh[4] = {vh.x, vh.y, vh.z, vh.w}, bl[4] = {vl.x, vl.y, vl.z, vl.w};
+#pragma unroll
+                for (int m = 0; m < MT; ++m) qmma_word_hilo(cg[m][n], a[m][0], a[m][1], bh, bl);
+            }
+            if (wd % WPG == WPG - 1) {
+                const int grp = wd / WPG;
+#pragma unroll
+                for (int n = 0; n < TN; ++n) {
+                    const float2 xc = *reinterpret_cast<const float2*>(xsum + qw_xsum(grp, n * 8 + 2 * t));
+#pragma unroll
+                    for (int m = 0; m < MT; ++m) {
+                        uint32_t sp[2][2], bp[2][2];
+                        params(L::kS, m, sp);
+                        params(L::kB, m, bp);
+                        qgroup_affine<ST>(acc[m][n], cg[m][n], sp, bp, grp, xc.x, xc.y);
+                    }
+                }
+            }
+        }
+    };
+
+    // The ring: stages 0..S-2 in flight before the loop; weights never depend on an earlier kernel,
+    // so they are issued before the wait, x fragments (the prep's output) after it.
+    const int sc = w.sc;
+#pragma unroll
+    for (int i = 0; i < kQwStages - 1; ++i)
+        if (i < sc) issue_weights(i);
+    pdl_wait();
+#pragma unroll
+    for (int i = 0; i < kQwStages - 1; ++i) {
+        if (i < sc) issue_x(i);
+        cp_async_commit();
+    }
+#pragma unroll 1
+    for (int i = 0; i < sc; ++i) {
+        cp_async_wait(kQwStages - 2);  // chunk i's group has landed (for this thread)
+        __syncthreads();               // ... for every thread; and chunk i - 1's stage is free
+        const int nxt = i + kQwStages - 1;
+        if (nxt < sc) {
+            issue_weights(nxt);
+            issue_x(nxt);
+        }
+        cp_async_commit();
+        compute(i);
+    }
+    cp_async_wait(0);
+    __syncthreads();  // every warp is done with the ring: its memory takes the partials below
+    pdl_trigger();
+
+    if constexpr (NORM) {
+        if (tid < kQwTokens) {
+            float sum = 0.0f;
+            for (int cb = 0; cb < w.cblocks; ++cb) sum += w.ss[size_t(cb) * w.rows_pad + tok0 + tid];
+            inv_s[tid] = 1.0f / sqrtf(sum / float(p.k) + p.eps);
+        }
+        __syncthreads();
+    }
+
+    // One output: C-fragment position (m, n, e) of this lane, its sum(s) v (SwiGLU: gate, up).
+    auto epilogue_at = [&](int m, int n, int e, float v0, float v1) {
+        const int tok = tok0 + n * 8 + 2 * t + (e & 1);
+        if (tok >= p.rows) return;
+        float inv = 1.0f;
+        if constexpr (NORM) inv = inv_s[n * 8 + 2 * t + (e & 1)];
+        if constexpr (SWIGLU) {
+            const int row = qw_row_of<true>(rg, qw_lane_row(warp, 0, g, e >> 1));
+            if (row >= n_total) return;
+            const float gate = v0 * inv, up = v1 * inv;
+            p.mat[0].y[size_t(tok) * p.mat[0].n + row] = silu(gate) * up;  // as silu_mul_kernel
+        } else {
+            int row = qw_row_of<false>(rg, qw_lane_row(warp, m, g, e >> 1));
+            if (row >= n_total) return;
+            const QuantMat& mat = p.mat[qmat_of(p, row)];
+            float y = v0;
+            if constexpr (NORM) y *= inv;
+            if (mat.bias) y += mat.bias[row];
+            const size_t at = size_t(tok) * mat.n + row;
+            if (p.residual) y = p.residual[at] + y;
+            mat.y[at] = y;
+        }
+    };
+    if (slices == 1) {
+#pragma unroll
+        for (int n = 0; n < TN; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                if constexpr (SWIGLU) {
+                    epilogue_at(0, n, e, acc[0][n][e], acc[1][n][e]);
+                } else {
+#pragma unroll
+                    for (int m = 0; m < MT; ++m) epilogue_at(m, n, e, acc[m][n][e], 0.0f);
+                }
+            }
+        return;
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // The cluster meets: partial (m, n, e) of this lane at red[(warp * 64 + v) * 32 + lane], v =
+    // (m * TN + n) * 4 + e; rank r finishes the positions with v % slices == r (SwiGLU: the gate's
+    // positions, each with its up partner), adding the ranks' partials in rank order.
+    namespace cgs = cooperative_groups;
+    cgs::cluster_group cluster = cgs::this_cluster();
+    float* red = reinterpret_cast<float*>(qw_smem);
+    constexpr int kVals = MT * TN * 4;
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int n = 0; n < TN; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) red[(warp * kVals + (m * TN + n) * 4 + e) * kWarp + lane] = acc[m][n][e];
+    cluster.sync();
+    const int rank = int(cluster.block_rank());
+    const float* from[8];
+#pragma unroll
+    for (int rk = 0; rk < 8; ++rk) from[rk] = rk < slices ? cluster.map_shared_rank(red, rk) : red;
+    auto total = [&](int v) {
+        float s = from[0][(warp * kVals + v) * kWarp + lane];
+#pragma unroll
+        for (int rk = 1; rk < 8; ++rk)
+            if (rk < slices) s += from[rk][(warp * kVals + v) * kWarp + lane];
+        return s;
+    };
+#pragma unroll
+    for (int n = 0; n < TN; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            if constexpr (SWIGLU) {
+                const int v = n * 4 + e;
+                if (v % slices != rank) continue;
+                epilogue_at(0, n, e, total(v), total((TN + n) * 4 + e));
+            } else {
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    const int v = (m * TN + n) * 4 + e;
+                    if (v % slices != rank) continue;
+                    epilogue_at(m, n, e, total(v), 0.0f);
+                }
+            }
+        }
+    cluster.sync();  // the partials stay alive until every rank has read them
+#endif
+}
+
+// How a launch is cut (a function of the shape only): K slices (a cluster's blocks) and row groups.
+struct QWidePlan {
+    int slices = 0, row_groups = 0;
+};
+
+template <class F, bool SWIGLU, bool NORM>
+bool qwide_ready() {
+    static const bool set = [] {
+        if (cudaFuncSetAttribute(quant_wide_kernel<F, SWIGLU, NORM>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(qwide_smem<F>())) ==
+            cudaSuccess)
+            return true;
+        cudaGetLastError();  // the launches go elsewhere
+        return false;
+    }();
+    return set;
+}
+// Blocks resident at once in clusters of c (0: the kernel cannot run so).
+template <class F, bool SWIGLU, bool NORM>
+int qwide_resident_blocks(int c) {
+    if (!qwide_ready<F, SWIGLU, NORM>()) return 0;
+    if (c == 1) {
+        int blocks = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_wide_kernel<F, SWIGLU, NORM>, kQwWarps * kWarp, qwide_smem<F>()) !=
+            cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        return blocks * device_sm_count();
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1, 1, c);
+    cfg.blockDim = dim3(kQwWarps * kWarp);
+    cfg.dynamicSmemBytes = qwide_smem<F>();
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = c;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, quant_wide_kernel<F, SWIGLU, NORM>, &cfg) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return clusters * c;
+}
+// SCR_CUDA_QUANT_WIDE_SLICES=C (1, 2, 4, 8) forces the K slices where they divide K (A/B runs).
+inline int qwide_slices_override() {
+    static const int v = int(env_int_switch(
+        "SCR_CUDA_QUANT_WIDE_SLICES", 0, [](long long c) { return c == 1 || c == 2 || c == 4 || c == 8; }, "1, 2, 4 or 8", "the rule"));
+    return v;
+}
+// The plan for one token tile: for each slice count C (a power of two up to 8 dividing the chunks),
+// waves x (chunks per slice + the ring's fill) plus a meeting cost when C > 1; the least wins.
+inline QWidePlan qwide_choose(int row_groups, int chunks, int (*resident_of)(int)) {
+    QWidePlan best;
+    double best_cost = 1e30;
+    const int forced = qwide_slices_override();
+    for (int c = 1; c <= 8; c *= 2) {
+        if (chunks % c != 0) continue;
+        const int resident = resident_of(c);
+        if (resident < c) continue;
+        const int sc = chunks / c;
+        const int waves = (row_groups * c + resident - 1) / resident;
+        double cost = waves * (sc + kQwStages - 1.0) + (c > 1 ? 1.5 : 0.0);
+        if (forced == c) cost = -1.0;
+        if (cost < best_cost) {
+            best_cost = cost;
+            best = QWidePlan{c, row_groups};
+        }
+    }
+    return best;
+}
+template <class F, bool SWIGLU, bool NORM>
+QWidePlan qwide_plan(int row_groups, int chunks) {
+    struct Entry {
+        int row_groups, chunks;
+        QWidePlan plan;
+    };
+    static thread_local std::vector<Entry> cache;
+    for (const Entry& e : cache)
+        if (e.row_groups == row_groups && e.chunks == chunks) return e.plan;
+    const QWidePlan plan = qwide_choose(row_groups, chunks, [](int c) { return qwide_resident_blocks<F, SWIGLU, NORM>(c); });
+    cache.push_back({row_groups, chunks, plan});
+    return plan;
+}
+// The plan of the last launch on this thread (tests print it; slices 0: the kernel did not run).
+inline QWidePlan& qwide_last_plan() {
+    static thread_local QWidePlan p;
+    return p;
+}
+
+// What the kernel takes: MLX int4 at g32 / g64 with 2-byte scales (a g128 chunk's 2-byte parameters
+// are below cp.async's 4), K in whole 128-k chunks, 16-byte aligned weights, x and norm weight,
+// aligned parameters, and a workspace for the prep.
+template <class F>
+bool quant_wide_fits(const Ctx& c, const QuantFusedArgs& a) {
+    if constexpr (!F::kAffine) {
+        return false;
+    } else {
+        if (F::kGroup > 64 || sizeof(typename F::Scale) != 2 || !qwide_takes(a.rows) || a.k % 128 != 0 || !c.qwide_ws) return false;
+        const int gpc = 128 / F::kGroup;
+        const int64_t chunks = a.k / 128, tiles = (a.rows + kQwTokens - 1) / kQwTokens;
+        const int64_t cblocks = (chunks + kQwPrepChunks - 1) / kQwPrepChunks;
+        const int64_t need = tiles * chunks * kQwFragBytes + tiles * chunks * gpc * kQwTokens * 4 + cblocks * tiles * kQwTokens * 4;
+        if (need > c.qwide_ws_bytes) return false;
+        const auto aligned = [](const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
+        if (!aligned(a.x, 16) || (a.norm_w && !aligned(a.norm_w, 16)) || !aligned(c.qwide_ws, 16)) return false;
+        for (int m = 0; m < a.nmat; ++m)
+            if (!aligned(a.mat[m].q, 16) || !aligned(a.mat[m].scales, 2 * gpc) || !aligned(a.mat[m].biases, 2 * gpc)) return false;
+        return true;
+    }
+}
+
+// Launches the prep and the kernel; false (nothing launched) when the kernel does not take them.
+template <class F, bool SWIGLU, bool NORM>
+bool launch_quant_wide(const Ctx& c, const QuantFusedArgs& a) {
+    qwide_last_plan() = {};
+    if (!quant_wide_fits<F>(c, a)) return false;
+    int n_total = a.mat[0].n;
+    if (!SWIGLU)
+        for (int m = 1; m < a.nmat; ++m) n_total += a.mat[m].n;
+    const int row_groups = SWIGLU ? (n_total + kQwRows / 2 - 1) / (kQwRows / 2) : (n_total + kQwRows - 1) / kQwRows;
+    const int chunks = a.k / 128;
+    const QWidePlan plan = qwide_plan<F, SWIGLU, NORM>(row_groups, chunks);
+    if (plan.slices == 0) return false;
+    constexpr int gpc = 128 / F::kGroup;
+    const int tiles = (a.rows + kQwTokens - 1) / kQwTokens;
+    const int cblocks = (chunks + kQwPrepChunks - 1) / kQwPrepChunks;
+    QWideArgs w;
+    unsigned char* ws = static_cast<unsigned char*>(c.qwide_ws);
+    w.xf = reinterpret_cast<const uint4*>(ws);
+    w.xs = reinterpret_cast<const float*>(ws + size_t(tiles) * chunks * kQwFragBytes);
+    w.ss = w.xs + size_t(tiles) * chunks * gpc * kQwTokens;
+    w.chunks = chunks;
+    w.cblocks = cblocks;
+    w.rows_pad = tiles * kQwTokens;
+    w.sc = chunks / plan.slices;
+
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = c.pdl ? 1 : 0;
+    cudaLaunchConfig_t prep = {};
+    prep.gridDim = dim3(cblocks, w.rows_pad / 16);
+    prep.blockDim = dim3(256);
+    prep.stream = c.stream;
+    prep.attrs = attr;
+    prep.numAttrs = 1;
+    if (cudaLaunchKernelEx(&prep, quant_wide_prep_kernel<F, NORM>, a.x, a.norm_w, a.k, a.rows, const_cast<uint4*>(w.xf),
+                           const_cast<float*>(w.xs), const_cast<float*>(w.ss), w.rows_pad) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(row_groups, tiles, plan.slices);
+    cfg.blockDim = dim3(kQwWarps * kWarp);
+    cfg.dynamicSmemBytes = qwide_smem<F>();
+    cfg.stream = c.stream;
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = 1;
+    attr[1].val.clusterDim.y = 1;
+    attr[1].val.clusterDim.z = plan.slices;
+    cfg.attrs = attr;
+    cfg.numAttrs = plan.slices > 1 ? 2 : 1;
+    // The prep already ran: a refused kernel launch must not leave the call half done, so it is an
+    // error here (never seen: the same kernel and shape passed the occupancy query).
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, quant_wide_kernel<F, SWIGLU, NORM>, a, w);
+    if (e != cudaSuccess)
+        throw std::runtime_error(std::string("quant_wide_kernel launch failed: ") + cudaGetErrorString(e));
+    qwide_last_plan() = plan;
+    return true;
+}
+
+}  // namespace scr::kernels::cuda::qdetail
