@@ -99,7 +99,9 @@ public:
         // MLX int4 linears of 33-256 rows (kernels/cuda/quant_wide.cuh): the prep's workspace for the
         // largest quantized K.
         int64_t quant_k = 0;
-        if (b_.preset.format == quant::WeightFormat::mlx_affine)
+        // (the kernel takes g32 / g64 with 2-byte scales only)
+        if (b_.preset.format == quant::WeightFormat::mlx_affine && b_.preset.group_size <= 64 &&
+            (b_.preset.scale_dtype == DType::bf16 || b_.preset.scale_dtype == DType::f16))
             for (auto& op : g_.ops)
                 if ((op.kind == ir::OpKind::linear || op.kind == ir::OpKind::linear_swiglu) && quantized_op(op))
                     quant_k = std::max(quant_k, int64_t(op.attr.at("k")));

@@ -5,7 +5,7 @@
 // dequantized once per pass) and 65-256 rows expanded every weight to bf16 hi + lo for cuBLASLt
 // every step: the 8B's MLX int4 build trailed its bf16 build 2.3-2.9x from 64 rows. Here one block
 // holds 64 token columns, so the weights are read once per 64 rows (65-256 rows: the token tiles of
-// a row group run side by side and share the weight reads through L2).
+// a row group are adjacent blocks, so they run side by side and share the weight reads through L2).
 //
 // Two launches:
 //  * quant_wide_prep_kernel turns x (float32, [rows][k]) into what the MMA's B operand takes, in a
@@ -183,7 +183,7 @@ struct QwStage {
     static_assert(kS % 16 == 0 && kB % 16 == 0 && kX % 16 == 0 && kXs % 16 == 0 && kBytes % 16 == 0, "16-byte aligned parts");
 };
 template <class F>
-constexpr size_t qwide_smem() {
+__host__ __device__ constexpr size_t qwide_smem() {
     return size_t(kQwStages) * QwStage<F>::kBytes;
 }
 
@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
         for (int m = 1; m < p.nmat; ++m) n_total += p.mat[m].n;
     const int tid = threadIdx.x, warp = tid / kWarp, lane = tid % kWarp;
     const int g = lane / 4, t = lane % 4;
-    const int rg = blockIdx.x, tt = blockIdx.y;
+    const int tt = blockIdx.x, rg = blockIdx.y;  // a row group's token tiles side by side: one HBM read of its weights
     const int slices = int(gridDim.z);
     const int c_first = int(blockIdx.z) * w.sc;
     const size_t row_bytes = size_t(p.k) / 128 * 64;
@@ -341,17 +341,18 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
         compute(i);
     }
     cp_async_wait(0);
-    __syncthreads();  // every warp is done with the ring: its memory takes the partials below
-    pdl_trigger();
-
+    // The norm's sums are the last workspace reads: before the trigger, so that the next launch's
+    // prep (which rewrites the workspace) cannot start writing while they are read, whatever the
+    // kernels in between do.
     if constexpr (NORM) {
         if (tid < kQwTokens) {
             float sum = 0.0f;
             for (int cb = 0; cb < w.cblocks; ++cb) sum += w.ss[size_t(cb) * w.rows_pad + tok0 + tid];
             inv_s[tid] = 1.0f / sqrtf(sum / float(p.k) + p.eps);
         }
-        __syncthreads();
     }
+    __syncthreads();  // every warp is done with the ring (its memory takes the partials below); inv_s is set
+    pdl_trigger();
 
     // One output: C-fragment position (m, n, e) of this lane, its sum(s) v (SwiGLU: gate, up).
     auto epilogue_at = [&](int m, int n, int e, float v0, float v1) {
@@ -398,6 +399,7 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
     cgs::cluster_group cluster = cgs::this_cluster();
     float* red = reinterpret_cast<float*>(qw_smem);
     constexpr int kVals = MT * TN * 4;
+    static_assert(size_t(kQwWarps) * kVals * kWarp * 4 <= qwide_smem<F>(), "the partials reuse the ring's shared memory");
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -434,6 +436,8 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
             }
         }
     cluster.sync();  // the partials stay alive until every rank has read them
+#else
+    __trap();  // clusters need sm_90: never launched so (the plan's occupancy query refuses them)
 #endif
 }
 
@@ -539,11 +543,10 @@ bool quant_wide_fits(const Ctx& c, const QuantFusedArgs& a) {
         return false;
     } else {
         if (F::kGroup > 64 || sizeof(typename F::Scale) != 2 || !qwide_takes(a.rows) || a.k % 128 != 0 || !c.qwide_ws) return false;
+        // The need of a 256-row launch, whatever this one's rows: whether a shape takes the kernel must
+        // not depend on the row count (batch invariance within the regime).
         const int gpc = 128 / F::kGroup;
-        const int64_t chunks = a.k / 128, tiles = (a.rows + kQwTokens - 1) / kQwTokens;
-        const int64_t cblocks = (chunks + kQwPrepChunks - 1) / kQwPrepChunks;
-        const int64_t need = tiles * chunks * kQwFragBytes + tiles * chunks * gpc * kQwTokens * 4 + cblocks * tiles * kQwTokens * 4;
-        if (need > c.qwide_ws_bytes) return false;
+        if (qwide_workspace_bytes_for(a.k, gpc) > c.qwide_ws_bytes) return false;
         const auto aligned = [](const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
         if (!aligned(a.x, 16) || (a.norm_w && !aligned(a.norm_w, 16)) || !aligned(c.qwide_ws, 16)) return false;
         for (int m = 0; m < a.nmat; ++m)
@@ -592,7 +595,7 @@ bool launch_quant_wide(const Ctx& c, const QuantFusedArgs& a) {
         return false;
     }
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(row_groups, tiles, plan.slices);
+    cfg.gridDim = dim3(tiles, row_groups, plan.slices);
     cfg.blockDim = dim3(kQwWarps * kWarp);
     cfg.dynamicSmemBytes = qwide_smem<F>();
     cfg.stream = c.stream;
@@ -602,11 +605,13 @@ bool launch_quant_wide(const Ctx& c, const QuantFusedArgs& a) {
     attr[1].val.clusterDim.z = plan.slices;
     cfg.attrs = attr;
     cfg.numAttrs = plan.slices > 1 ? 2 : 1;
-    // The prep already ran: a refused kernel launch must not leave the call half done, so it is an
-    // error here (never seen: the same kernel and shape passed the occupancy query).
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, quant_wide_kernel<F, SWIGLU, NORM>, a, w);
-    if (e != cudaSuccess)
-        throw std::runtime_error(std::string("quant_wide_kernel launch failed: ") + cudaGetErrorString(e));
+    // A refused launch (never seen: the same kernel and shape passed the occupancy query) falls back
+    // like the staged kernel's: the prep wrote only this kernel's workspace, and its error is consumed
+    // so that the caller's next check does not report a launch that was made another way.
+    if (cudaLaunchKernelEx(&cfg, quant_wide_kernel<F, SWIGLU, NORM>, a, w) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
     qwide_last_plan() = plan;
     return true;
 }

@@ -4,16 +4,19 @@
 // invariance is checked over 8 rows, its regime) and the first SIMT one ("simt").
 //   * correctness: random non-zero packed weights, scales, biases and activations at Llama-3.2-1B /
 //     Llama-3.1-8B shapes, each output checked against a float64 host reference of the same
-//     dequantization (w = scale * q + bias; int8, fp8: w = scale * q), for 1, 2, 3, 4, 8, 13, 16 and
-//     64 token rows (the reference covers token rows 0-12 and 63) and for 5 rows with a bias and a
-//     residual; fp8 e4m3 per channel and per tensor with random bytes, so every code appears
+//     dequantization (w = scale * q + bias; int8, fp8: w = scale * q), for 1, 2, 3, 4, 8, 13, 16, 33,
+//     64 and 256 token rows (the reference covers token rows 0-12, 32, 63, 100 and 255) and for 5
+//     rows with a bias and a residual; fp8 e4m3 per channel and per tensor with random bytes, so every code appears
 //     (negative, subnormal, +-448; the NaN codes 0x7f/0xff read as +-480, as the kernels document);
 //     outputs are poisoned with NaN first, so an unwritten element fails. Bounds per output, with
 //     B = sum_k |x_k| (|s q_k| + |b|): simt |err| <= 1e-5 B; mma |err| <= 2e-5 B + 1e-6 (x enters
 //     the tensor cores as bf16 hi + lo, ~2^-17 relative; float32 accumulation);
-//   * batch invariance: every row of a 64-row launch has exactly the bits of that row launched alone
+//   * batch invariance: every row of a 256-row launch has exactly the bits of that row launched alone
 //     (the tc1 path: of a 2-row launch, its regime; the one-row MLX int4 kernel, quant_mma1_kernel,
-//     takes 1-2 rows);
+//     takes 1-2 rows; above, each regime of the tc1 path: staged_regimes; with SCR_CUDA_QUANT_WIDE=256,
+//     quant_wide_kernel's 33-256 rows against launches of 33);
+//   * quant_wide_kernel (when on) as a programmatic dependent in a chain of launches, against the
+//     same chain without PDL (wide_pdl_check);
 //   * the fused variants (quant_linear_fused: grouped Q/K/V with biases, SwiGLU, folded RMSNorm, and
 //     their combinations) against the float64 reference of the unfused math, same bounds, and their
 //     batch invariance;
@@ -183,7 +186,7 @@ void free_weights(DevWeights& w) {
     w = {};
 }
 
-constexpr int kMaxRows = 160;  // token rows of the largest check (three of quant_wide_kernel's 64-row tiles)
+constexpr int kMaxRows = 256;  // token rows of the largest check (quant_wide_kernel's four 64-row tiles)
 // The workspace of quant_wide_kernel (MLX int4 at 33-256 rows), for every K here; set on every Ctx.
 void* g_qwide_ws = nullptr;
 constexpr int64_t kQwideWsBytes = scr::kernels::cuda::qdetail::quant_wide_workspace_bytes(32768);
@@ -210,7 +213,7 @@ int tc1_rows() { return qdetail::qmma1_max_rows(); }
 // The tc1 path's MLX int4 launches of 3-256 rows (17+ in passes of 16; SCR_CUDA_QUANT_STAGED_UPTO
 // moves the top) run quant_staged_kernel (x staged once per block) where its rule takes them,
 // quant_mma_kernel otherwise: tc1 checks reach up to here (the buffers: kMaxRows).
-int tc1_top() { return qdetail::qstaged_on() ? qdetail::qstaged_max_rows() : tc1_rows(); }
+int tc1_top() { return std::max({qdetail::qstaged_on() ? qdetail::qstaged_max_rows() : tc1_rows(), qdetail::qwide_max_rows()}); }
 int invariance_rows(QuantGemvPath p) { return p == QuantGemvPath::smem ? 8 : p == QuantGemvPath::tc1 ? tc1_rows() : kMaxRows; }
 int invariance_alone_rows(QuantGemvPath p, bool swiglu) { return p == QuantGemvPath::tc1 && swiglu && tc1_rows() >= 2 ? 2 : 1; }
 // The one-row tensor-core kernel exists for the MLX int4 formats only.
@@ -409,9 +412,16 @@ void dequant_row(Fmt f, const HostWeights& h, int k, int n, std::vector<double>&
     }
 }
 
-constexpr int kRefRows = 14;  // token rows the reference covers: 0-12 (checks of 1, 3, 5, 8, 13 rows) and 63
-int ref_token(int slot) { return slot < 13 ? slot : kMaxRows - 1; }
-int ref_slot(int token) { return token < 13 ? token : token == kMaxRows - 1 ? 13 : -1; }
+// Token rows the reference covers: 0-12 (checks of 1, 3, 5, 8, 13 rows), 32 and 63 (the ends of the
+// 33- and 64-row checks), 100 and the last (quant_wide_kernel's second and fourth 64-row tiles).
+constexpr int kRefTokens[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 32, 63, 100, kMaxRows - 1};
+constexpr int kRefRows = int(sizeof(kRefTokens) / sizeof(kRefTokens[0]));
+int ref_token(int slot) { return kRefTokens[slot]; }
+int ref_slot(int token) {
+    for (int s = 0; s < kRefRows; ++s)
+        if (kRefTokens[s] == token) return s;
+    return -1;
+}
 
 // Tolerances (see the top): the SIMT kernel's, and the tensor-core kernel's.
 constexpr double kSimtTol = 1e-5;
@@ -1340,7 +1350,7 @@ int fused_checks(cudaStream_t st) {
                 failures += v.differ ? 1 : 0;
                 return v;
             };
-            // 64 rows (smem: 8, tc1: 2) vs each row alone (tc1's SwiGLU: vs launches of 2 rows,
+            // kMaxRows rows (smem: 8, tc1: 2) vs each row alone (tc1's SwiGLU: vs launches of 2 rows,
             // invariance_alone_rows).
             const int inv_rows = invariance_rows(path), alone = invariance_alone_rows(path, fc.swiglu);
             const Invariance all = invariance(inv_rows, alone, alone);
@@ -1782,6 +1792,78 @@ void prefill_bench(cudaStream_t st) {
     }
 }
 
+// quant_wide_kernel launched as the model launches it, as programmatic dependents (Ctx::pdl): a
+// plain launch writing y1, a SwiGLU + folded-norm launch reading y1, and a plain launch reading its
+// output (each launch's prep rewrites the workspace the launch before read), 100 token rows (two
+// tiles) at the 1B's shapes; the same chain without PDL must give the same bits. Skipped (0) when
+// the kernel is off (SCR_CUDA_QUANT_WIDE).
+int wide_pdl_check(cudaStream_t st) {
+    using F = qdetail::MlxInt4<64, bf16_t>;
+    const int rows = 100, h = 2048, f = 8192;
+    if (!qdetail::qwide_takes(rows)) {
+        std::printf("check wide chain with PDL: skipped (quant_wide_kernel off for %d rows)\n", rows);
+        return 0;
+    }
+    DevWeights a = make_weights(Fmt::int4_g64, h, h, 61), g = make_weights(Fmt::int4_g64, f, h, 62),
+               u = make_weights(Fmt::int4_g64, f, h, 63), d = make_weights(Fmt::int4_g64, h, f, 64);
+    float *x = nullptr, *nw = nullptr, *y1[2] = {}, *y2[2] = {}, *y3[2] = {};
+    CK(cudaMalloc(&x, sizeof(float) * rows * h));
+    CK(cudaMalloc(&nw, sizeof(float) * h));
+    fill_values(x, false, size_t(rows) * h, 71, -1.0f, 1.0f);
+    fill_values(nw, false, h, 72, 0.5f, 1.5f);
+    for (int i = 0; i < 2; ++i) {
+        CK(cudaMalloc(&y1[i], sizeof(float) * rows * h));
+        CK(cudaMalloc(&y2[i], sizeof(float) * rows * f));
+        CK(cudaMalloc(&y3[i], sizeof(float) * rows * h));
+    }
+    int ran = 0;
+    for (int i = 0; i < 2; ++i) {
+        Ctx c = ctx_on(st);
+        c.pdl = i == 0;
+        QuantLinearArgs la;
+        la.q = a.q, la.scales = a.scales, la.biases = a.biases, la.x = x, la.y = y1[i], la.n = h, la.k = h, la.rows = rows;
+        qdetail::qwide_last_plan() = {};
+        quant_linear<F>(c, la, QuantGemvPath::tc1);
+        ran += qdetail::qwide_last_plan().slices > 0;
+        QuantFusedArgs fa;
+        fa.mat[0] = QuantMat{g.q, g.scales, g.biases, nullptr, y2[i], f};
+        fa.mat[1] = QuantMat{u.q, u.scales, u.biases, nullptr, y2[i], f};
+        fa.nmat = 2;
+        fa.x = y1[i];
+        fa.norm_w = nw;
+        fa.eps = 1e-5f;
+        fa.k = h;
+        fa.rows = rows;
+        qdetail::qwide_last_plan() = {};
+        if (!quant_linear_fused<F, true, true>(c, fa, QuantGemvPath::tc1)) die("the fused wide launch was declined");
+        ran += qdetail::qwide_last_plan().slices > 0;
+        QuantLinearArgs ld = la;
+        ld.q = d.q, ld.scales = d.scales, ld.biases = d.biases, ld.x = y2[i], ld.y = y3[i], ld.k = f;
+        qdetail::qwide_last_plan() = {};
+        quant_linear<F>(c, ld, QuantGemvPath::tc1);
+        ran += qdetail::qwide_last_plan().slices > 0;
+        CK(cudaGetLastError());
+        CK(cudaStreamSynchronize(st));
+    }
+    Invariance v;
+    v.add(y1[0], y1[1], size_t(rows) * h);
+    v.add(y2[0], y2[1], size_t(rows) * f);
+    v.add(y3[0], y3[1], size_t(rows) * h);
+    const bool ok = v.differ == 0 && ran == 6;
+    std::printf("check wide chain with PDL (o, gate/up + SwiGLU + norm, down; %d rows; %d of 6 launches on quant_wide_kernel) against "
+                "the chain without: %zu of %zu outputs differ -> %s\n",
+                rows, ran, v.differ, v.total, ok ? "ok" : "FAILED");
+    for (int i = 0; i < 2; ++i) {
+        cudaFree(y1[i]);
+        cudaFree(y2[i]);
+        cudaFree(y3[i]);
+    }
+    cudaFree(x);
+    cudaFree(nw);
+    for (DevWeights* w : {&a, &g, &u, &d}) free_weights(*w);
+    return ok ? 0 : 1;
+}
+
 int main(int argc, char** argv) try {
     bool bench = true;
     std::vector<Shape> shapes = {
@@ -1844,7 +1926,7 @@ int main(int argc, char** argv) try {
     };
     const Check checks[] = {{1, false}, {2, false}, {3, false}, {4, false}, {8, false}, {13, false}, {16, false},
                             {33, false}, {64, false}, {kMaxRows, false}, {5, true}};
-    const int bench_rows[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160};
+    const int bench_rows[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256};
     for (const Shape& sh : shapes) {
         const int n = sh.n, k = sh.k;
         float *x = nullptr, *y = nullptr, *y_alone = nullptr;
@@ -1971,7 +2053,7 @@ int main(int argc, char** argv) try {
                     failures += v.differ ? 1 : 0;
                     return v;
                 };
-                // Each row alone against the same row in a batch of 64 (smem: of 8, its regime).
+                // Each row alone against the same row in a batch of kMaxRows (smem: of 8, its regime).
                 const int inv_rows = invariance_rows(path);
                 const Invariance all = invariance(inv_rows, 1);
                 std::printf("check %6dx%-5d %-13s %-4s batch invariance (%d rows vs each alone, +bias+residual): %zu of %zu "
@@ -2082,6 +2164,7 @@ int main(int argc, char** argv) try {
         cudaFree(residual);
     }
     failures += fused_checks(st);
+    failures += wide_pdl_check(st);
     failures += tc1_form_checks(st);
     failures += prefill_checks(st);
     if (bench) fused_bench(st, size_t(prop.l2CacheSize), copy);
