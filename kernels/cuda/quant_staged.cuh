@@ -43,6 +43,36 @@ inline size_t qstaged_smem(int sc, int tn, int mt, bool cluster) {
     return size_t(sc) * tn * 4096 + size_t(sc) * 4 * 16 * 4 + 16 * 4 + (cluster ? size_t(kQsWarps) * mt * tn * 4 * 32 * 4 : 0);
 }
 
+// One packed word (wd of a 128-k chunk, after qchunk_words) of MT 16-row tiles against TN token
+// columns whose B fragments lie in shared memory in this kernel's staging layout (`frags`: the
+// word's TN x 64 uint4, per column 32 lanes of hi then 32 of lo), into the group partials cg,
+// zeroed at a group's first word. Shared with quant_wide_kernel (quant_wide.cuh).
+template <int MT, int TN, int WPG>
+__device__ __forceinline__ void qmma_word_staged(float (&cg)[MT][TN][4], const uint32_t (&wq)[MT][2][4], int wd, const uint4* frags,
+                                                 int lane) {
+    if (wd % WPG == 0) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int n = 0; n < TN; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) cg[m][n][e] = 0.0f;
+    }
+    uint32_t a[MT][2][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) qunpack_u4_bf16(wq[m][h][wd], a[m][h]);
+#pragma unroll
+    for (int n = 0; n < TN; ++n) {
+        const uint4 vh = frags[n * 64 + lane];
+        const uint4 vl = frags[n * 64 + 32 + lane];
+        const uint32_t bh[4] = {vh.x, vh.y, vh.z, vh.w}, bl[4] = {vl.x, vl.y, vl.z, vl.w};
+#pragma unroll
+        for (int m = 0; m < MT; ++m) qmma_word_hilo(cg[m][n], a[m][0], a[m][1], bh, bl);
+    }
+}
+
 template <class F, int TN, bool SWIGLU, bool NORM>
 __global__ void __launch_bounds__(kQsWarps * kWarp, 2) quant_staged_kernel(const __grid_constant__ QuantFusedArgs p, int sc, int waves, int trigger_late) {
     using ST = typename F::Scale;
@@ -120,27 +150,7 @@ __global__ void __launch_bounds__(kQsWarps * kWarp, 2) quant_staged_kernel(const
             float cg[MT][TN][4];
 #pragma unroll
             for (int wd = 0; wd < 4; ++wd) {
-                if (wd % WPG == 0) {
-#pragma unroll
-                    for (int m = 0; m < MT; ++m)
-#pragma unroll
-                        for (int n = 0; n < TN; ++n)
-#pragma unroll
-                            for (int e = 0; e < 4; ++e) cg[m][n][e] = 0.0f;
-                }
-                uint32_t a[MT][2][4];
-#pragma unroll
-                for (int m = 0; m < MT; ++m)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) qunpack_u4_bf16(wq[m][h][wd], a[m][h]);
-#pragma unroll
-                for (int n = 0; n < TN; ++n) {
-                    const uint4 vh = xf[((c * 4 + wd) * TN + n) * 64 + lane];
-                    const uint4 vl = xf[((c * 4 + wd) * TN + n) * 64 + 32 + lane];
-                    const uint32_t bh[4] = {vh.x, vh.y, vh.z, vh.w}, bl[4] = {vl.x, vl.y, vl.z, vl.w};
-#pragma unroll
-                    for (int m = 0; m < MT; ++m) qmma_word_hilo(cg[m][n], a[m][0], a[m][1], bh, bl);
-                }
+                qmma_word_staged<MT, TN, WPG>(cg, wq, wd, xf + (c * 4 + wd) * TN * 64, lane);
                 if (wd % WPG == WPG - 1) {
                     const int grp = wd / WPG;
 #pragma unroll

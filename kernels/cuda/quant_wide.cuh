@@ -278,27 +278,7 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
         float cg[MT][TN][4];
 #pragma unroll
         for (int wd = 0; wd < 4; ++wd) {
-            if (wd % WPG == 0) {
-#pragma unroll
-                for (int m = 0; m < MT; ++m)
-#pragma unroll
-                    for (int n = 0; n < TN; ++n)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) cg[m][n][e] = 0.0f;
-            }
-            uint32_t a[MT][2][4];
-#pragma unroll
-            for (int m = 0; m < MT; ++m)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) qunpack_u4_bf16(wq[m][h][wd], a[m][h]);
-#pragma unroll
-            for (int n = 0; n < TN; ++n) {
-                const uint4 vh = xsm[qw_xfrag(wd, n, lane)];
-                const uint4 vl = xsm[qw_xfrag(wd, n, lane) + 32];
-                const uint32_t bh[4] = {vh.x, vh.y, vh.z, vh.w}, bl[4] = {vl.x, vl.y, vl.z, vl.w};
-#pragma unroll
-                for (int m = 0; m < MT; ++m) qmma_word_hilo(cg[m][n], a[m][0], a[m][1], bh, bl);
-            }
+            qmma_word_staged<MT, TN, WPG>(cg, wq, wd, xsm + qw_xfrag(wd, 0, 0), lane);  // the staged kernel's word
             if (wd % WPG == WPG - 1) {
                 const int grp = wd / WPG;
 #pragma unroll
