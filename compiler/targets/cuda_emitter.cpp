@@ -96,16 +96,18 @@ public:
             if (op.kind == ir::OpKind::attention) attn_shapes.emplace(int64_t(op.attr.at("q_heads")), int64_t(op.attr.at("head_dim")));
         if (attn_shapes.size() == 1)
             attn_ws = fmt::format("k::attention_workspace_floats({}, {})", attn_shapes.begin()->first, attn_shapes.begin()->second);
-        // MLX int4 linears of 33-256 rows (kernels/cuda/quant_wide.cuh): the prep's workspace for the
-        // largest quantized K.
+        // Quantized linears of 33-256 rows (kernels/cuda/quant_wide.cuh): the prep's workspace for the
+        // largest quantized K (the kernel takes MLX int4 g32 / g64 with 2-byte scales, and int8 / fp8
+        // codes; the header allocates nothing while the kernel is off for the format).
         int64_t quant_k = 0;
-        // (the kernel takes g32 / g64 with 2-byte scales only)
-        if (b_.preset.format == quant::WeightFormat::mlx_affine && b_.preset.group_size <= 64 &&
-            (b_.preset.scale_dtype == DType::bf16 || b_.preset.scale_dtype == DType::f16))
+        const bool mlx = b_.preset.format == quant::WeightFormat::mlx_affine;
+        if ((mlx && b_.preset.group_size <= 64 && (b_.preset.scale_dtype == DType::bf16 || b_.preset.scale_dtype == DType::f16)) ||
+            b_.preset.format == quant::WeightFormat::compressed_tensors)
             for (auto& op : g_.ops)
                 if ((op.kind == ir::OpKind::linear || op.kind == ir::OpKind::linear_swiglu) && quantized_op(op))
                     quant_k = std::max(quant_k, int64_t(op.attr.at("k")));
-        const std::string qwide_ws = quant_k > 0 ? fmt::format("k::qdetail::quant_wide_model_workspace_bytes({})", quant_k) : std::string("0");
+        const std::string qwide_ws =
+            quant_k > 0 ? fmt::format("k::qdetail::quant_wide_model_workspace_bytes({}, {})", quant_k, mlx) : std::string("0");
         o += "\nclass Model final : public CudaGeneratedModel {\npublic:\n";
         o += fmt::format("    Model(const WeightSet& w, ThreadPool& pool) : CudaGeneratedModel(kInfo, w, pool, {}, {}, {}, {}) {{}}\n\n",
                          g_.scratch_floats, moe_ws, attn_ws, qwide_ws);

@@ -11,9 +11,10 @@
 //                      x stays float32, as on the CPU target (no fp8 activations here).
 //
 // Six kernels (quant_linear below picks one per shape and row count, see quant_gemv_mode()):
-//  * quant_wide_kernel (quant_wide.cuh; MLX int4 g32 / g64 at 33-256 token rows when
-//    SCR_CUDA_QUANT_WIDE is set: off by default until it has run on a GPU): the weights read once
-//    per 64 token rows through a cp.async ring, x prepared once per launch by a prep kernel;
+//  * quant_wide_kernel (quant_wide.cuh; MLX int4 g32 / g64 at 33-128 token rows by default,
+//    SCR_CUDA_QUANT_WIDE=N up to N; int8 / fp8 only when SCR_CUDA_QUANT_WIDE_CODES is set, off by
+//    default until it has run on a GPU): the weights read once per 64 token rows through a
+//    cp.async ring, x prepared once per launch by a prep kernel;
 //  * quant_mma1_kernel (quant_mma1.cuh; MLX int4 at 1-2 token rows): int8 tensor cores, x as exact
 //    base-256 digits, the MMA's columns as groups;
 //  * quant_staged_kernel (quant_staged.cuh; MLX int4 at 9-64 token rows, 17+ in passes of 16 but
@@ -1738,12 +1739,10 @@ void quant_linear(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path = Q
                     std::to_string(align) + " (N = " + std::to_string(a.n) + ")");
     if (!a.q || !a.scales || (F::kAffine && !a.biases) || !a.x || !a.y)
         throw std::invalid_argument("quant_linear: missing weight, scale, bias, input or output pointer");
-    // MLX int4 at 33-256 rows: one read of the weights per 64 rows (quant_wide.cuh), before cuBLASLt.
-    if constexpr (F::kAffine) {
-        if ((path == QuantGemvPath::tc1 || (path == QuantGemvPath::automatic && quant_gemv_mode() == QuantGemvPath::tc1)) &&
-            qdetail::launch_quant_wide<F, false, false>(c, qdetail::fused_of(a)))
-            return;
-    }
+    // 33-256 rows: one read of the weights per 64 rows (quant_wide.cuh, when on for F), before cuBLASLt.
+    if ((path == QuantGemvPath::tc1 || (path == QuantGemvPath::automatic && quant_gemv_mode() == QuantGemvPath::tc1)) &&
+        qdetail::launch_quant_wide<F, false, false>(c, qdetail::fused_of(a)))
+        return;
     // Prefill-sized calls on cuBLASLt (quant_prefill.cuh); an explicit path is a test's A/B of the kernels.
     if (path == QuantGemvPath::automatic && qdetail::quant_prefill<F, false, false>(c, qdetail::fused_of(a)) == 1) return;
     if (path == QuantGemvPath::automatic) path = quant_gemv_mode();
@@ -1787,11 +1786,10 @@ bool quant_linear_fused(const Ctx& c, const QuantFusedArgs& a, QuantGemvPath pat
         if (!a.mat[m].q || !a.mat[m].scales || (F::kAffine && !a.mat[m].biases) || !a.mat[m].y || a.mat[m].n <= 0)
             throw std::invalid_argument("quant_linear_fused: matrix " + std::to_string(m) + " lacks a tensor, an output or rows");
     if (!a.x) throw std::invalid_argument("quant_linear_fused: no input");
-    if constexpr (F::kAffine) {  // MLX int4 at 33-256 rows (quant_wide.cuh), before cuBLASLt
-        if ((path == QuantGemvPath::tc1 || (path == QuantGemvPath::automatic && quant_gemv_mode() == QuantGemvPath::tc1)) &&
-            qdetail::launch_quant_wide<F, SWIGLU, NORM>(c, a))
-            return true;
-    }
+    // 33-256 rows (quant_wide.cuh, when on for F), before cuBLASLt
+    if ((path == QuantGemvPath::tc1 || (path == QuantGemvPath::automatic && quant_gemv_mode() == QuantGemvPath::tc1)) &&
+        qdetail::launch_quant_wide<F, SWIGLU, NORM>(c, a))
+        return true;
     if (path == QuantGemvPath::automatic) {
         // Prefill-sized calls on cuBLASLt (quant_prefill.cuh); an explicit path is a test's A/B of the kernels.
         const int count = SWIGLU ? 1 : a.nmat;

@@ -10,7 +10,9 @@
 // tests/cuda/quant_gemv_test.cu). The folded RMSNorm, Q/K/V grouping, bias, residual and SwiGLU are
 // prefill_linears_bf16's own.
 //
-// Decode batches come here from quant_prefill_min_rows<F>() rows (MLX int4 65, int8 and fp8 33).
+// Decode batches come here from quant_prefill_min_rows<F>() rows (MLX int4 65, int8 and fp8 33),
+// except those quant_wide_kernel takes first (quant_wide.cuh: MLX int4 g32 / g64 up to 128 rows by
+// default since session 33, so those formats come here from 129).
 // cuBLASLt's decode buckets (33-64, 65-256 rows: one
 // algorithm per shape each, prefill_gemm.hpp) keep those rows batch-invariant inside a bucket;
 // above 256 rows (prefill) results may depend on the call's row count.

@@ -24,7 +24,8 @@
 // is qstaged_takes's rule (9-256 rows but plain 17-32-row launches under 16 MiB; 3-8 rows of large
 // launches): the MLX int4 regimes are 1-2 | 3-8 | 9-16 | 17-32 | 33-64 | 65-256 | 257+ rows (65+
 // on cuBLASLt, what it declines here; 33-64 in passes with the bits of 9-16), one kernel per shape
-// in each.
+// in each. Since session 33 MLX int4 g32 / g64 take quant_wide_kernel at 33-128 rows (one regime)
+// and cuBLASLt from 129: the passes remain for g128 and what those two decline.
 #pragma once
 
 #include <cooperative_groups.h>

@@ -1,24 +1,29 @@
-// MLX int4 decode batches of 33-256 token rows in one read of the packed weights (quant_wide_kernel;
-// issue #9, docs/QUANT_GEMM_PLAN.md; docs/CUDA.md "Session 32"). Included from quant_linear.cuh.
+// Decode batches of 33-256 token rows in one read of the quantized weights (quant_wide_kernel;
+// issue #9, docs/QUANT_GEMM_PLAN.md; docs/CUDA.md "Session 32" and "Session 33"): MLX int4 g32 / g64
+// and int8 / fp8 codes. Included from quant_linear.cuh.
 //
-// Why. Until now 33-64 rows ran quant_staged_kernel in passes of 16 rows (the weights read and
-// dequantized once per pass) and 65-256 rows expanded every weight to bf16 hi + lo for cuBLASLt
-// every step: the 8B's MLX int4 build trailed its bf16 build 2.3-2.9x from 64 rows. Here one block
-// holds 64 token columns, so the weights are read once per 64 rows (65-256 rows: the token tiles of
-// a row group are adjacent blocks, so they run side by side and share the weight reads through L2).
+// Why. Until now MLX int4's 33-64 rows ran quant_staged_kernel in passes of 16 rows (the weights
+// read and dequantized once per pass) and 65-256 rows expanded every weight to bf16 hi + lo for
+// cuBLASLt every step; int8 / fp8 from 33 rows expand their codes to bf16 for cuBLASLt every step:
+// the 8B's MLX int4 build trailed its bf16 build 2.3-2.9x from 64 rows, int8 / fp8 ran at 0.53-0.77x
+// of bf16. Here one block holds 64 token columns, so the weights are read once per 64 rows (65-256
+// rows: the token tiles of a row group are adjacent blocks, so they run side by side and share the
+// weight reads through L2).
 //
 // Two launches:
 //  * quant_wide_prep_kernel turns x (float32, [rows][k]) into what the MMA's B operand takes, in a
-//    workspace (Ctx::qwide_ws): per 64-token tile and 128-k chunk, the bf16 hi + lo fragments in the
-//    layout quant_staged_kernel stages in shared memory (32 KiB), each group's sum of x (the MLX
-//    bias term) and each token's partial sums of squares (a folded RMSNorm; the norm weight is
-//    applied to x here). Padding tokens of the last tile are zeros.
+//    workspace (Ctx::qwide_ws): per 64-token tile and chunk (64 bytes of every weight row: int4 128 k,
+//    codes 64 k), the bf16 hi + lo fragments in the layout the kernel reads (int4: quant_staged_kernel's
+//    staging layout, 32 KiB; codes: 16 KiB), for int4 each group's sum of x (the MLX bias term), and
+//    each token's partial sums of squares (a folded RMSNorm; the norm weight is applied to x here).
+//    Padding tokens of the last tile are zeros.
 //  * quant_wide_kernel: 8 warps, each owning two 16-row tiles (plain: 32 consecutive rows; SwiGLU:
 //    16 gate rows and the same 16 up rows) against the tile's 64 tokens (8 MMA columns of 8). Every
-//    128-k chunk (weights, scales, biases, x fragments, x group sums) comes through a 4-stage
-//    cp.async ring in shared memory; the arithmetic per word is quant_mma_kernel's (same A
-//    fragments, group partials c, acc += scale * c + bias * sum(x)). K may be split over a cluster
-//    of up to 8 blocks, whose partials meet in rank order through distributed shared memory.
+//    chunk (weights, int4 scales, biases and x group sums, x fragments) comes through a cp.async ring
+//    in shared memory (QwFmt: int4 4 stages, codes 6); the arithmetic per word is quant_mma_kernel's
+//    (int4: same A fragments, group partials c, acc += scale * c + bias * sum(x); codes: the codes
+//    exact in bf16 into acc, the row scale in the epilogue). K may be split over a cluster of up to 8
+//    blocks, whose partials meet in rank order through distributed shared memory.
 //
 // Batch invariance: the split, the row groups and the chunk order depend on the shape only; a token
 // column's arithmetic never sees another column; the prep's sums are per token in a fixed order. So
@@ -34,41 +39,80 @@ namespace scr::kernels::cuda::qdetail {
 constexpr int kQwWarps = 8;
 constexpr int kQwTN = 8;                // MMA token columns of 8 per block
 constexpr int kQwTokens = kQwTN * 8;    // token rows per block (one token tile)
-constexpr int kQwStages = 4;            // cp.async ring depth
 constexpr int kQwRows = kQwWarps * 32;  // weight rows per block (plain); SwiGLU: half as many output rows
 constexpr int kQwMinRows = 33, kQwMaxRows = 256;
-constexpr int kQwPrepChunks = 4;        // 128-k chunks per prep block
-constexpr int kQwFragBytes = kQwTN * 4 * 64 * 16;  // one chunk of one token tile's B fragments (32 KiB)
 
-// Token rows up to which MLX int4 launches take this kernel (SCR_CUDA_QUANT_WIDE=N: up to N rows, 0:
-// off) and from which (SCR_CUDA_QUANT_WIDE_FROM=N, 3-256; A/B runs). OFF BY DEFAULT: written and
-// compiled in session 32, which had no GPU; its checks (scr_cuda_quant_gemv with
-// SCR_CUDA_QUANT_WIDE=256, tests/cuda/qwide_ab.sh) have not run on one yet. The host emulation of
-// its data path (scr_cuda_quant_gemv --host-selftest) runs in CI.
-constexpr int kQwDefaultMaxRows = 0;
-inline int qwide_max_rows() {
-    static const int v = int(env_int_switch(
-        "SCR_CUDA_QUANT_WIDE", kQwDefaultMaxRows, [](long long n) { return n == 0 || (n >= 3 && n <= kQwMaxRows); },
-        "0 (off) or a row count from 3 to 256"));
-    return v;
+// What differs between the formats. A chunk is 64 bytes of every weight row in both: MLX int4 128 k
+// (4 packed words of 8 nibbles per lane of 4), int8 / fp8 codes 64 k (4 words of 4 bytes per lane).
+//  * x's B fragments per chunk and token tile: int4 32 KiB (per word and MMA column, 32 lanes x 4 hi
+//    words then 32 x 4 lo: two k16 MMAs per word), codes 16 KiB (per word and column, 32 lanes x
+//    {hi, hi, lo, lo}: one k16 MMA per word);
+//  * int4 stages each row's group scales and biases and x's group sums with the chunk; the codes'
+//    one scale per row (or tensor) is applied in the epilogue;
+//  * the ring: int4 4 stages of 50.5 KiB (g64), codes 6 stages of 32 KiB (as many weight bytes in
+//    flight per SM, against half the MMAs per byte).
+template <class F>
+struct QwFmt {
+    static constexpr bool kInt4 = F::kAffine;
+    static constexpr int kCK = kInt4 ? 128 : 64;           // k per chunk
+    static constexpr int kGpc = kInt4 ? 128 / F::kGroup : 0;  // MLX groups per chunk
+    static constexpr int kFragBytes = kInt4 ? kQwTN * 4 * 64 * 16 : kQwTN * 4 * 32 * 16;
+    static constexpr int kStages = kInt4 ? 4 : 6;
+    static constexpr int kPrepChunks = kInt4 ? 4 : 8;      // chunks per prep block (512 k either way)
+    static constexpr int kSubK = kCK / 16;                  // k per prep thread and chunk (16 threads per token)
+};
+
+// Token rows up to which launches take this kernel (0: off) and from which (SCR_CUDA_QUANT_WIDE_FROM
+// =N, 3-256; A/B runs). MLX int4: SCR_CUDA_QUANT_WIDE=N, by default 128: its checks passed on the
+// H200 in session 33 (scr_cuda_quant_gemv with SCR_CUDA_QUANT_WIDE=256: 144 value and bit checks of
+// 33-256 rows, the PDL chain, memcheck clean) and the 8B's decode gained 1.39x at batch 48, 1.38x at
+// 64, 1.05x at 128 over the staged passes / cuBLASLt, but lost at 256 (0.86x: cuBLASLt's wgmma GEMM
+// on expanded weights is faster there), so 129+ rows stay on cuBLASLt (quant_prefill_min_rows: the
+// kernel is tried first, so its top is the regimes' border). int8 / fp8: SCR_CUDA_QUANT_WIDE_CODES=N,
+// OFF BY DEFAULT: written in session 33 and emulated on the host (scr_cuda_quant_gemv
+// --host-selftest, run in CI), not yet run on a GPU.
+constexpr int kQwDefaultMaxRows = 128, kQwCodesDefaultMaxRows = 0;
+inline int qwide_max_rows_of(bool int4) {
+    const auto valid = [](long long n) { return n == 0 || (n >= 3 && n <= kQwMaxRows); };
+    static const int v4 = int(env_int_switch("SCR_CUDA_QUANT_WIDE", kQwDefaultMaxRows, valid, "0 (off) or a row count from 3 to 256"));
+    static const int vc =
+        int(env_int_switch("SCR_CUDA_QUANT_WIDE_CODES", kQwCodesDefaultMaxRows, valid, "0 (off) or a row count from 3 to 256"));
+    return int4 ? v4 : vc;
+}
+template <class F>
+int qwide_max_rows() {
+    return qwide_max_rows_of(F::kAffine);
 }
 inline int qwide_min_rows() {
     static const int v = int(env_int_switch(
         "SCR_CUDA_QUANT_WIDE_FROM", kQwMinRows, [](long long n) { return n >= 3 && n <= kQwMaxRows; }, "a row count from 3 to 256"));
     return v;
 }
-inline bool qwide_takes(int rows) { return rows >= qwide_min_rows() && rows <= qwide_max_rows(); }
-
-// Workspace bytes for launches of up to kQwMaxRows rows and K = k (any MLX group size, the largest
-// sums: g32). The model sizes Ctx::qwide_ws with its largest quantized K.
-__host__ __device__ constexpr int64_t qwide_workspace_bytes_for(int64_t k, int gpc) {
-    const int64_t chunks = k / 128, tiles = kQwMaxRows / kQwTokens;
-    const int64_t cblocks = (chunks + kQwPrepChunks - 1) / kQwPrepChunks;
-    return tiles * chunks * kQwFragBytes + tiles * chunks * gpc * kQwTokens * 4 + cblocks * kQwMaxRows * 4;
+template <class F>
+bool qwide_takes(int rows) {
+    return rows >= qwide_min_rows() && rows <= qwide_max_rows<F>();
 }
-__host__ __device__ constexpr int64_t quant_wide_workspace_bytes(int64_t k_max) { return qwide_workspace_bytes_for(k_max, 4); }
-// What a model allocates: nothing while the kernel is off (read once, at the model's construction).
-inline int64_t quant_wide_model_workspace_bytes(int64_t k_max) { return qwide_max_rows() > 0 ? quant_wide_workspace_bytes(k_max) : 0; }
+
+// Workspace bytes of format F's launches of up to kQwMaxRows rows and K = k: B fragments, group sums
+// (int4), the norm's partial sums of squares.
+template <class F>
+__host__ __device__ constexpr int64_t qwide_workspace_bytes_for(int64_t k) {
+    using Q = QwFmt<F>;
+    const int64_t chunks = k / Q::kCK, tiles = kQwMaxRows / kQwTokens;
+    const int64_t cblocks = (chunks + Q::kPrepChunks - 1) / Q::kPrepChunks;
+    return tiles * chunks * Q::kFragBytes + tiles * chunks * Q::kGpc * kQwTokens * 4 + cblocks * kQwMaxRows * 4;
+}
+// The most any format takes at K = k_max (MLX int4 g32: the codes' fragments are as many bytes per k,
+// with no group sums). The model sizes Ctx::qwide_ws with its largest quantized K.
+__host__ __device__ constexpr int64_t quant_wide_workspace_bytes(int64_t k_max) {
+    const int64_t chunks = k_max / 128, tiles = kQwMaxRows / kQwTokens, cblocks = (chunks + 3) / 4;
+    return tiles * chunks * (kQwTN * 4 * 64 * 16) + tiles * chunks * 4 * kQwTokens * 4 + cblocks * kQwMaxRows * 4;
+}
+// What a model allocates: nothing while the kernel is off for its format (read once, at the model's
+// construction; int4: an MLX int4 preset, else int8 / fp8 codes).
+inline int64_t quant_wide_model_workspace_bytes(int64_t k_max, bool int4 = true) {
+    return qwide_max_rows_of(int4) > 0 ? quant_wide_workspace_bytes(k_max) : 0;
+}
 
 // Where a launch's prep output lives in the workspace.
 struct QWideArgs {
@@ -80,9 +124,9 @@ struct QWideArgs {
 };
 
 // ---- The kernel's index maps, shared with the host emulation (quant_gemv_test.cu) ----
-// Prep: token l (0..63) of a tile, k = 8 sub .. 8 sub + 7 of a chunk: the uint4 of its bf16 hi parts
-// in the chunk's 32 KiB of B fragments (the lo parts: + 32), so that lane (g, t) of MMA column n
-// reads word wd's registers at qw_xfrag(wd, n, lane) (quant_staged_kernel's staging mapping).
+// Prep, MLX int4: token l (0..63) of a tile, k = 8 sub .. 8 sub + 7 of a chunk: the uint4 of its bf16
+// hi parts in the chunk's 32 KiB of B fragments (the lo parts: + 32), so that lane (g, t) of MMA
+// column n reads word wd's registers at qw_xfrag(wd, n, lane) (quant_staged_kernel's staging mapping).
 template <int SWAP>
 __host__ __device__ __forceinline__ int qw_prep_frag(int l, int sub) {
     const int ka = sub / 4, kb = sub % 4;
@@ -90,6 +134,11 @@ __host__ __device__ __forceinline__ int qw_prep_frag(int l, int sub) {
     return (lw * kQwTN + l / 8) * 64 + (l % 8) * 4 + lt;
 }
 __host__ __device__ __forceinline__ int qw_xfrag(int wd, int n, int lane) { return (wd * kQwTN + n) * 64 + lane; }
+// Prep, int8 / fp8 codes: token l, k = 4 sub .. 4 sub + 3 of a 64-k chunk (lane t = sub / 4's word
+// wd = sub % 4, as quant_mma_kernel's codes: k = 16 t + 4 wd): the uint4 {hi(k, k+1), hi(k+2, k+3),
+// lo(k, k+1), lo(k+2, k+3)} that lane (g, t) of MMA column n reads at qw_xfrag_codes(wd, n, lane).
+__host__ __device__ __forceinline__ int qw_xfrag_codes(int wd, int n, int lane) { return (wd * kQwTN + n) * 32 + lane; }
+__host__ __device__ __forceinline__ int qw_prep_frag_codes(int l, int sub) { return qw_xfrag_codes(sub % 4, l / 8, (l % 8) * 4 + sub / 4); }
 // Group sums of a chunk: group grp (0..GPC-1) of token l.
 __host__ __device__ __forceinline__ int qw_xsum(int grp, int l) { return grp * kQwTokens + l; }
 // Block row r (0..255) = warp * 32 + m * 16 + rr: its output row (SwiGLU: gate m = 0, up m = 1 of
@@ -108,58 +157,72 @@ __device__ __forceinline__ void qw_cp_async(uint32_t dst, const void* src, int b
     if (bytes == 8) asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
     else asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
 }
+template <int N>
+__device__ __forceinline__ void qw_cp_async_wait() {  // at most N of this thread's groups in flight
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
 
-// x -> B fragments. Block (chunk block, 16-token group): thread (tok, sub) takes k = 8 sub .. 8 sub
-// + 7 of each of the block's chunks for token tok (quant_staged_kernel's staging mapping).
+// x -> B fragments. Block (chunk block, 16-token group): thread (tok, sub) takes k = kSubK sub ..
+// kSubK (sub + 1) - 1 of each of the block's chunks for token tok.
 template <class F, bool NORM>
 __global__ void __launch_bounds__(256) quant_wide_prep_kernel(const float* __restrict__ x, const float* __restrict__ norm_w, int k, int rows,
                                                               uint4* __restrict__ xf, float* __restrict__ xs, float* __restrict__ ss_out,
                                                               int rows_pad) {
-    constexpr int G = F::kGroup, GPC = 128 / G;
-    const int chunks = k / 128;
+    using Q = QwFmt<F>;
+    constexpr int SK = Q::kSubK;
+    const int chunks = k / Q::kCK;
     const int tok = blockIdx.y * 16 + threadIdx.x / 16, sub = threadIdx.x % 16;
     const bool real = tok < rows;
     const int tt = tok / kQwTokens, l = tok % kQwTokens;
-    const int frag_at = qw_prep_frag<F::kSwap>(l, sub);
+    int frag_at;
+    if constexpr (Q::kInt4) frag_at = qw_prep_frag<F::kSwap>(l, sub);
+    else frag_at = qw_prep_frag_codes(l, sub);
     const float* xrow = x + size_t(real ? tok : 0) * k;
     pdl_wait();
     float ss = 0.0f;
-    const int c_end = min(chunks, int(blockIdx.x + 1) * kQwPrepChunks);
-    for (int c = blockIdx.x * kQwPrepChunks; c < c_end; ++c) {
-        const int kk = c * 128 + 8 * sub;
-        float xv[8];
-        if (real) {
-            const float4 x0 = __ldg(reinterpret_cast<const float4*>(xrow + kk));
-            const float4 x1 = __ldg(reinterpret_cast<const float4*>(xrow + kk + 4));
-            xv[0] = x0.x; xv[1] = x0.y; xv[2] = x0.z; xv[3] = x0.w;
-            xv[4] = x1.x; xv[5] = x1.y; xv[6] = x1.z; xv[7] = x1.w;
-        } else {
+    const int c_end = min(chunks, int(blockIdx.x + 1) * Q::kPrepChunks);
+    for (int c = blockIdx.x * Q::kPrepChunks; c < c_end; ++c) {
+        const int kk = c * Q::kCK + SK * sub;
+        float xv[SK];
 #pragma unroll
-            for (int i = 0; i < 8; ++i) xv[i] = 0.0f;
+        for (int i = 0; i < SK; i += 4) {
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (real) v = __ldg(reinterpret_cast<const float4*>(xrow + kk + i));
+            xv[i] = v.x; xv[i + 1] = v.y; xv[i + 2] = v.z; xv[i + 3] = v.w;
         }
         if constexpr (NORM) {
-            const float4 n0 = __ldg(reinterpret_cast<const float4*>(norm_w + kk));
-            const float4 n1 = __ldg(reinterpret_cast<const float4*>(norm_w + kk + 4));
-            const float nw[8] = {n0.x, n0.y, n0.z, n0.w, n1.x, n1.y, n1.z, n1.w};
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                ss = fmaf(xv[i], xv[i], ss);
-                xv[i] *= nw[i];
+            for (int i = 0; i < SK; i += 4) {
+                const float4 n = __ldg(reinterpret_cast<const float4*>(norm_w + kk + i));
+                const float nw[4] = {n.x, n.y, n.z, n.w};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    ss = fmaf(xv[i + j], xv[i + j], ss);
+                    xv[i + j] *= nw[j];
+                }
             }
         }
-        float gs = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) gs += xv[i];
-#pragma unroll
-        for (int off = 1; off < G / 8; off *= 2) gs += __shfl_xor_sync(0xffffffffu, gs, off);
-        uint32_t bh[4], bl[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) qsplit_bf16x2(xv[q], xv[q + 4], bh[q], bl[q]);
         const size_t tc = size_t(tt) * chunks + c;
-        uint4* frag = xf + tc * (kQwFragBytes / 16);
-        frag[frag_at] = make_uint4(bh[0], bh[1], bh[2], bh[3]);
-        frag[frag_at + 32] = make_uint4(bl[0], bl[1], bl[2], bl[3]);
-        if (sub % (G / 8) == 0) xs[tc * GPC * kQwTokens + qw_xsum(8 * sub / G, l)] = gs;
+        uint4* frag = xf + tc * (Q::kFragBytes / 16);
+        if constexpr (Q::kInt4) {
+            constexpr int G = F::kGroup, GPC = Q::kGpc;
+            float gs = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) gs += xv[i];
+#pragma unroll
+            for (int off = 1; off < G / 8; off *= 2) gs += __shfl_xor_sync(0xffffffffu, gs, off);
+            uint32_t bh[4], bl[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) qsplit_bf16x2(xv[q], xv[q + 4], bh[q], bl[q]);  // nibble pairs (p, p + 4)
+            frag[frag_at] = make_uint4(bh[0], bh[1], bh[2], bh[3]);
+            frag[frag_at + 32] = make_uint4(bl[0], bl[1], bl[2], bl[3]);
+            if (sub % (G / 8) == 0) xs[tc * GPC * kQwTokens + qw_xsum(8 * sub / G, l)] = gs;
+        } else {
+            uint32_t bh[2], bl[2];
+            qsplit_bf16x2(xv[0], xv[1], bh[0], bl[0]);
+            qsplit_bf16x2(xv[2], xv[3], bh[1], bl[1]);
+            frag[frag_at] = make_uint4(bh[0], bh[1], bl[0], bl[1]);
+        }
     }
     if constexpr (NORM) {
 #pragma unroll
@@ -169,30 +232,33 @@ __global__ void __launch_bounds__(256) quant_wide_prep_kernel(const float* __res
     pdl_trigger();
 }
 
-// Shared memory of one stage: weights (kQwRows rows x 64 B), scales and biases (kQwRows rows x GPC
-// values each), B fragments (32 KiB), group sums (GPC x 64 floats).
+// Shared memory of one stage: weights (kQwRows rows x 64 B), then for MLX int4 scales and biases
+// (kQwRows rows x GPC values each), B fragments (int4 32 KiB, codes 16 KiB), int4 group sums (GPC x
+// 64 floats).
 template <class F>
 struct QwStage {
-    static constexpr int kGpc = 128 / F::kGroup;
+    using Q = QwFmt<F>;
+    static constexpr int kGpc = Q::kGpc;
     static constexpr int kW = 0;
     static constexpr int kS = kQwRows * 64;
     static constexpr int kB = kS + kQwRows * kGpc * 2;
     static constexpr int kX = kB + kQwRows * kGpc * 2;
-    static constexpr int kXs = kX + kQwFragBytes;
+    static constexpr int kXs = kX + Q::kFragBytes;
     static constexpr int kBytes = kXs + kGpc * kQwTokens * 4;
     static_assert(kS % 16 == 0 && kB % 16 == 0 && kX % 16 == 0 && kXs % 16 == 0 && kBytes % 16 == 0, "16-byte aligned parts");
 };
 template <class F>
 __host__ __device__ constexpr size_t qwide_smem() {
-    return size_t(kQwStages) * QwStage<F>::kBytes;
+    return size_t(QwFmt<F>::kStages) * QwStage<F>::kBytes;
 }
 
 template <class F, bool SWIGLU, bool NORM>
 __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const __grid_constant__ QuantFusedArgs p, const __grid_constant__ QWideArgs w) {
     using ST = typename F::Scale;
     using L = QwStage<F>;
-    constexpr int MT = 2, TN = kQwTN;
-    constexpr int GPC = L::kGpc, WPG = F::kWordsPerGroup;
+    using Q = QwFmt<F>;
+    constexpr int MT = 2, TN = kQwTN, S = Q::kStages;
+    constexpr int GPC = L::kGpc;
     extern __shared__ __align__(16) unsigned char qw_smem[];
     __shared__ float inv_s[kQwTokens];
 
@@ -204,7 +270,7 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
     const int tt = blockIdx.x, rg = blockIdx.y;  // a row group's token tiles side by side: one HBM read of its weights
     const int slices = int(gridDim.z);
     const int c_first = int(blockIdx.z) * w.sc;
-    const size_t row_bytes = size_t(p.k) / 128 * 64;
+    const size_t row_bytes = size_t(p.k) / Q::kCK * 64;
     const int tok0 = tt * kQwTokens;
 
     // Block row r: the global row and its matrix.
@@ -222,8 +288,8 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
         const int n = global_row(qw_copy_row(tid, q), mat);
         wsrc[q] = static_cast<const uint8_t*>(p.mat[mat].q) + size_t(n) * row_bytes + size_t(c_first) * 64 + 16 * (tid % 4);
     }
-    const ST* psrc[2];
-    {
+    const ST* psrc[2] = {nullptr, nullptr};
+    if constexpr (Q::kInt4) {
         int mat;
         const int n = global_row(tid, mat);
         const size_t at = size_t(n) * (p.k / F::kGroup) + size_t(c_first) * GPC;
@@ -232,20 +298,23 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
     }
     const uint32_t smem0 = smem_addr(qw_smem);
     auto issue_weights = [&](int i) {
-        const uint32_t st = smem0 + uint32_t((i % kQwStages) * L::kBytes);
+        const uint32_t st = smem0 + uint32_t((i % S) * L::kBytes);
 #pragma unroll
         for (int q = 0; q < 4; ++q) cp_async16(st + L::kW + qw_copy_row(tid, q) * 64 + (tid % 4) * 16, wsrc[q] + size_t(i) * 64);
-        qw_cp_async(st + L::kS + tid * GPC * 2, psrc[0] + i * GPC, GPC * 2);
-        qw_cp_async(st + L::kB + tid * GPC * 2, psrc[1] + i * GPC, GPC * 2);
+        if constexpr (Q::kInt4) {
+            qw_cp_async(st + L::kS + tid * GPC * 2, psrc[0] + i * GPC, GPC * 2);
+            qw_cp_async(st + L::kB + tid * GPC * 2, psrc[1] + i * GPC, GPC * 2);
+        }
     };
     auto issue_x = [&](int i) {
-        const uint32_t st = smem0 + uint32_t((i % kQwStages) * L::kBytes);
+        const uint32_t st = smem0 + uint32_t((i % S) * L::kBytes);
         const size_t tc = size_t(tt) * w.chunks + c_first + i;
-        const uint4* src = w.xf + tc * (kQwFragBytes / 16);
+        const uint4* src = w.xf + tc * (Q::kFragBytes / 16);
 #pragma unroll
-        for (int q = 0; q < kQwFragBytes / 16 / 256; ++q) cp_async16(st + L::kX + (tid + 256 * q) * 16, src + tid + 256 * q);
-        if (tid < GPC * kQwTokens / 4)
-            cp_async16(st + L::kXs + tid * 16, reinterpret_cast<const float4*>(w.xs + tc * GPC * kQwTokens) + tid);
+        for (int q = 0; q < Q::kFragBytes / 16 / 256; ++q) cp_async16(st + L::kX + (tid + 256 * q) * 16, src + tid + 256 * q);
+        if constexpr (Q::kInt4)
+            if (tid < GPC * kQwTokens / 4)
+                cp_async16(st + L::kXs + tid * 16, reinterpret_cast<const float4*>(w.xs + tc * GPC * kQwTokens) + tid);
     };
 
     float acc[MT][TN][4];
@@ -257,39 +326,67 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
             for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.0f;
 
     auto compute = [&](int i) {
-        const unsigned char* st = qw_smem + size_t(i % kQwStages) * L::kBytes;
+        const unsigned char* st = qw_smem + size_t(i % S) * L::kBytes;
         const uint4* wsm = reinterpret_cast<const uint4*>(st + L::kW);
         const uint4* xsm = reinterpret_cast<const uint4*>(st + L::kX);
-        const float* xsum = reinterpret_cast<const float*>(st + L::kXs);
-        uint32_t wq[MT][2][4];
+        if constexpr (Q::kInt4) {
+            constexpr int WPG = F::kWordsPerGroup;
+            const float* xsum = reinterpret_cast<const float*>(st + L::kXs);
+            uint32_t wq[MT][2][4];
 #pragma unroll
-        for (int m = 0; m < MT; ++m)
+            for (int m = 0; m < MT; ++m)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) qchunk_words<F::kSwap>(wsm[qw_lane_row(warp, m, g, h) * 4 + t], t, wq[m][h]);
-        // A row's scales or biases of this chunk as qload_group_params lays them out (read when used).
-        auto params = [&](int part, int m, uint32_t (&r)[2][2]) {
+                for (int h = 0; h < 2; ++h) qchunk_words<F::kSwap>(wsm[qw_lane_row(warp, m, g, h) * 4 + t], t, wq[m][h]);
+            // A row's scales or biases of this chunk as qload_group_params lays them out (read when used).
+            auto params = [&](int part, int m, uint32_t (&r)[2][2]) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const uint32_t* p32 = reinterpret_cast<const uint32_t*>(st + part + qw_lane_row(warp, m, g, h) * GPC * 2);
-                r[h][0] = p32[0];
-                r[h][1] = GPC == 4 ? p32[1] : 0u;
+                for (int h = 0; h < 2; ++h) {
+                    const uint32_t* p32 = reinterpret_cast<const uint32_t*>(st + part + qw_lane_row(warp, m, g, h) * GPC * 2);
+                    r[h][0] = p32[0];
+                    r[h][1] = GPC == 4 ? p32[1] : 0u;
+                }
+            };
+            float cg[MT][TN][4];
+#pragma unroll
+            for (int wd = 0; wd < 4; ++wd) {
+                qmma_word_staged<MT, TN, WPG>(cg, wq, wd, xsm + qw_xfrag(wd, 0, 0), lane);  // the staged kernel's word
+                if (wd % WPG == WPG - 1) {
+                    const int grp = wd / WPG;
+#pragma unroll
+                    for (int n = 0; n < TN; ++n) {
+                        const float2 xc = *reinterpret_cast<const float2*>(xsum + qw_xsum(grp, n * 8 + 2 * t));
+#pragma unroll
+                        for (int m = 0; m < MT; ++m) {
+                            uint32_t sp[2][2], bp[2][2];
+                            params(L::kS, m, sp);
+                            params(L::kB, m, bp);
+                            qgroup_affine<ST>(acc[m][n], cg[m][n], sp, bp, grp, xc.x, xc.y);
+                        }
+                    }
+                }
             }
-        };
-        float cg[MT][TN][4];
+        } else {
+            // Codes: word wd of lane t is k = 16 t + 4 wd .. + 3 of the chunk, exact in bf16 (the
+            // A fragments of quant_mma_kernel's codes), one MMA per word and x part into acc.
+            uint4 wv[MT][2];
 #pragma unroll
-        for (int wd = 0; wd < 4; ++wd) {
-            qmma_word_staged<MT, TN, WPG>(cg, wq, wd, xsm + qw_xfrag(wd, 0, 0), lane);  // the staged kernel's word
-            if (wd % WPG == WPG - 1) {
-                const int grp = wd / WPG;
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) wv[m][h] = wsm[qw_lane_row(warp, m, g, h) * 4 + t];
+#pragma unroll
+            for (int wd = 0; wd < 4; ++wd) {
+                uint32_t a[MT][2][2];
+#pragma unroll
+                for (int m = 0; m < MT; ++m)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) qunpack_row_bf16<F>(word_of(wv[m][h], wd), a[m][h]);
 #pragma unroll
                 for (int n = 0; n < TN; ++n) {
-                    const float2 xc = *reinterpret_cast<const float2*>(xsum + qw_xsum(grp, n * 8 + 2 * t));
+                    const uint4 b = xsm[qw_xfrag_codes(wd, n, lane)];
 #pragma unroll
                     for (int m = 0; m < MT; ++m) {
-                        uint32_t sp[2][2], bp[2][2];
-                        params(L::kS, m, sp);
-                        params(L::kB, m, bp);
-                        qgroup_affine<ST>(acc[m][n], cg[m][n], sp, bp, grp, xc.x, xc.y);
+                        qmma_bf16_16816(acc[m][n], a[m][0][0], a[m][1][0], a[m][0][1], a[m][1][1], b.x, b.y);
+                        qmma_bf16_16816(acc[m][n], a[m][0][0], a[m][1][0], a[m][0][1], a[m][1][1], b.z, b.w);
                     }
                 }
             }
@@ -300,19 +397,19 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
     // so they are issued before the wait, x fragments (the prep's output) after it.
     const int sc = w.sc;
 #pragma unroll
-    for (int i = 0; i < kQwStages - 1; ++i)
+    for (int i = 0; i < S - 1; ++i)
         if (i < sc) issue_weights(i);
     pdl_wait();
 #pragma unroll
-    for (int i = 0; i < kQwStages - 1; ++i) {
+    for (int i = 0; i < S - 1; ++i) {
         if (i < sc) issue_x(i);
         cp_async_commit();
     }
 #pragma unroll 1
     for (int i = 0; i < sc; ++i) {
-        cp_async_wait(kQwStages - 2);  // chunk i's group has landed (for this thread)
-        __syncthreads();               // ... for every thread; and chunk i - 1's stage is free
-        const int nxt = i + kQwStages - 1;
+        qw_cp_async_wait<S - 2>();  // chunk i's group has landed (for this thread)
+        __syncthreads();            // ... for every thread; and chunk i - 1's stage is free
+        const int nxt = i + S - 1;
         if (nxt < sc) {
             issue_weights(nxt);
             issue_x(nxt);
@@ -343,13 +440,20 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
         if constexpr (SWIGLU) {
             const int row = qw_row_of<true>(rg, qw_lane_row(warp, 0, g, e >> 1));
             if (row >= n_total) return;
-            const float gate = v0 * inv, up = v1 * inv;
+            float gate = v0, up = v1;
+            if constexpr (!Q::kInt4) {  // the codes' row scales, as quant_mma_kernel applies them
+                gate *= qrow_scale<F>(p.mat[0].scales, row);
+                up *= qrow_scale<F>(p.mat[1].scales, row);
+            }
+            gate *= inv;
+            up *= inv;
             p.mat[0].y[size_t(tok) * p.mat[0].n + row] = silu(gate) * up;  // as silu_mul_kernel
         } else {
             int row = qw_row_of<false>(rg, qw_lane_row(warp, m, g, e >> 1));
             if (row >= n_total) return;
             const QuantMat& mat = p.mat[qmat_of(p, row)];
             float y = v0;
+            if constexpr (!Q::kInt4) y *= qrow_scale<F>(mat.scales, row);
             if constexpr (NORM) y *= inv;
             if (mat.bias) y += mat.bias[row];
             const size_t at = size_t(tok) * mat.n + row;
@@ -476,7 +580,7 @@ inline int qwide_slices_override() {
 }
 // The plan for one token tile: for each slice count C (a power of two up to 8 dividing the chunks),
 // waves x (chunks per slice + the ring's fill) plus a meeting cost when C > 1; the least wins.
-inline QWidePlan qwide_choose(int row_groups, int chunks, int (*resident_of)(int)) {
+inline QWidePlan qwide_choose(int row_groups, int chunks, int stages, int (*resident_of)(int)) {
     QWidePlan best;
     double best_cost = 1e30;
     const int forced = qwide_slices_override();
@@ -486,7 +590,7 @@ inline QWidePlan qwide_choose(int row_groups, int chunks, int (*resident_of)(int
         if (resident < c) continue;
         const int sc = chunks / c;
         const int waves = (row_groups * c + resident - 1) / resident;
-        double cost = waves * (sc + kQwStages - 1.0) + (c > 1 ? 1.5 : 0.0);
+        double cost = waves * (sc + stages - 1.0) + (c > 1 ? 1.5 : 0.0);
         if (forced == c) cost = -1.0;
         if (cost < best_cost) {
             best_cost = cost;
@@ -504,7 +608,8 @@ QWidePlan qwide_plan(int row_groups, int chunks) {
     static thread_local std::vector<Entry> cache;
     for (const Entry& e : cache)
         if (e.row_groups == row_groups && e.chunks == chunks) return e.plan;
-    const QWidePlan plan = qwide_choose(row_groups, chunks, [](int c) { return qwide_resident_blocks<F, SWIGLU, NORM>(c); });
+    const QWidePlan plan =
+        qwide_choose(row_groups, chunks, QwFmt<F>::kStages, [](int c) { return qwide_resident_blocks<F, SWIGLU, NORM>(c); });
     cache.push_back({row_groups, chunks, plan});
     return plan;
 }
@@ -515,24 +620,25 @@ inline QWidePlan& qwide_last_plan() {
 }
 
 // What the kernel takes: MLX int4 at g32 / g64 with 2-byte scales (a g128 chunk's 2-byte parameters
-// are below cp.async's 4), K in whole 128-k chunks, 16-byte aligned weights, x and norm weight,
-// aligned parameters, and a workspace for the prep.
+// are below cp.async's 4) or int8 / fp8 codes; K in whole chunks, 16-byte aligned weights, x and norm
+// weight, aligned int4 parameters, and a workspace for the prep.
 template <class F>
 bool quant_wide_fits(const Ctx& c, const QuantFusedArgs& a) {
-    if constexpr (!F::kAffine) {
-        return false;
-    } else {
-        if (F::kGroup > 64 || sizeof(typename F::Scale) != 2 || !qwide_takes(a.rows) || a.k % 128 != 0 || !c.qwide_ws) return false;
-        // The need of a 256-row launch, whatever this one's rows: whether a shape takes the kernel must
-        // not depend on the row count (batch invariance within the regime).
-        const int gpc = 128 / F::kGroup;
-        if (qwide_workspace_bytes_for(a.k, gpc) > c.qwide_ws_bytes) return false;
-        const auto aligned = [](const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
-        if (!aligned(a.x, 16) || (a.norm_w && !aligned(a.norm_w, 16)) || !aligned(c.qwide_ws, 16)) return false;
-        for (int m = 0; m < a.nmat; ++m)
-            if (!aligned(a.mat[m].q, 16) || !aligned(a.mat[m].scales, 2 * gpc) || !aligned(a.mat[m].biases, 2 * gpc)) return false;
-        return true;
+    using Q = QwFmt<F>;
+    if constexpr (Q::kInt4)
+        if (F::kGroup > 64 || sizeof(typename F::Scale) != 2) return false;
+    if (!qwide_takes<F>(a.rows) || a.k % Q::kCK != 0 || !c.qwide_ws) return false;
+    // The need of a 256-row launch, whatever this one's rows: whether a shape takes the kernel must
+    // not depend on the row count (batch invariance within the regime).
+    if (qwide_workspace_bytes_for<F>(a.k) > c.qwide_ws_bytes) return false;
+    const auto aligned = [](const void* p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
+    if (!aligned(a.x, 16) || (a.norm_w && !aligned(a.norm_w, 16)) || !aligned(c.qwide_ws, 16)) return false;
+    for (int m = 0; m < a.nmat; ++m) {
+        if (!aligned(a.mat[m].q, 16)) return false;
+        if constexpr (Q::kInt4)
+            if (!aligned(a.mat[m].scales, 2 * Q::kGpc) || !aligned(a.mat[m].biases, 2 * Q::kGpc)) return false;
     }
+    return true;
 }
 
 // Launches the prep and the kernel; false (nothing launched) when the kernel does not take them.
@@ -544,17 +650,17 @@ bool launch_quant_wide(const Ctx& c, const QuantFusedArgs& a) {
     if (!SWIGLU)
         for (int m = 1; m < a.nmat; ++m) n_total += a.mat[m].n;
     const int row_groups = SWIGLU ? (n_total + kQwRows / 2 - 1) / (kQwRows / 2) : (n_total + kQwRows - 1) / kQwRows;
-    const int chunks = a.k / 128;
+    using Q = QwFmt<F>;
+    const int chunks = a.k / Q::kCK;
     const QWidePlan plan = qwide_plan<F, SWIGLU, NORM>(row_groups, chunks);
     if (plan.slices == 0) return false;
-    constexpr int gpc = 128 / F::kGroup;
     const int tiles = (a.rows + kQwTokens - 1) / kQwTokens;
-    const int cblocks = (chunks + kQwPrepChunks - 1) / kQwPrepChunks;
+    const int cblocks = (chunks + Q::kPrepChunks - 1) / Q::kPrepChunks;
     QWideArgs w;
     unsigned char* ws = static_cast<unsigned char*>(c.qwide_ws);
     w.xf = reinterpret_cast<const uint4*>(ws);
-    w.xs = reinterpret_cast<const float*>(ws + size_t(tiles) * chunks * kQwFragBytes);
-    w.ss = w.xs + size_t(tiles) * chunks * gpc * kQwTokens;
+    w.xs = reinterpret_cast<const float*>(ws + size_t(tiles) * chunks * Q::kFragBytes);
+    w.ss = w.xs + size_t(tiles) * chunks * Q::kGpc * kQwTokens;
     w.chunks = chunks;
     w.cblocks = cblocks;
     w.rows_pad = tiles * kQwTokens;

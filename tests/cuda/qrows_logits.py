@@ -27,10 +27,11 @@ SCR_CUDA_QUANT_PREFILL_MIN_ROWS=0 (the quantized kernels for every row count): s
 cuBLASLt on expanded weights and must be within the tolerance, shorter ones the same bits. For a
 format without the one-row tensor-core kernel the yardstick is the 1-token drift between its default
 GEMV and SCR_CUDA_QUANT_GEMV=simt.
-With --mode wide (MLX int4 g32 / g64, session 32): steps of 33-256 rows on quant_wide_kernel
-(SCR_CUDA_QUANT_WIDE=256; off by default) against the defaults (33-64 rows in staged passes, 65-256 on
-cuBLASLt): prompts of 1, 2, 32, 33, 64, 65 and 100 tokens (100: two token tiles); 33+ must be within
-the tolerance, shorter ones the same bits.
+With --mode wide (MLX int4 g32 / g64, or int8 / fp8 with --quant; sessions 32-33): steps of 33-256
+rows on quant_wide_kernel (SCR_CUDA_QUANT_WIDE=256 and SCR_CUDA_QUANT_WIDE_CODES=256) against the
+kernel switched off (=0 both: MLX int4 33+ rows in staged passes or on cuBLASLt, int8 / fp8 on
+cuBLASLt): prompts of 1, 2, 32, 33, 64, 65, 100 and 128 tokens (100: two token tiles); 33+ must be
+within the tolerance, shorter ones the same bits.
 Exit 0 only if every prompt passes.
 """
 import json, math, os, random, subprocess, sys
@@ -73,10 +74,10 @@ MODES = {
     "staged": ({"SCR_CUDA_QUANT_STAGED": "0"}, (1, 2, 3, 8, 16, 17), {3, 8, 16, 17}),
     "passes": ({"SCR_CUDA_QUANT_STAGED": "0"}, (1, 2, 16, 17, 32, 64), {16, 17, 32, 64}),
     "cublas": ({"SCR_CUDA_QUANT_PREFILL_MIN_ROWS": "0"}, (1, 32, 33, 64, 65), None),  # changed: --min-rows
-    "wide": ({}, (1, 2, 32, 33, 64, 65, 100), {33, 64, 65, 100}),
+    "wide": ({"SCR_CUDA_QUANT_WIDE": "0", "SCR_CUDA_QUANT_WIDE_CODES": "0"}, (1, 2, 32, 33, 64, 65, 100, 128), {33, 64, 65, 100, 128}),
 }
-# The new path's environment where it is not the default (quant_wide_kernel is off by default).
-NEW_ENV = {"wide": {"SCR_CUDA_QUANT_WIDE": "256"}}
+# The new path's environment where it is not (or not for every row count) the default.
+NEW_ENV = {"wide": {"SCR_CUDA_QUANT_WIDE": "256", "SCR_CUDA_QUANT_WIDE_CODES": "256"}}
 
 
 def main():

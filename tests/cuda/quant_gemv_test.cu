@@ -13,8 +13,9 @@
 //     the tensor cores as bf16 hi + lo, ~2^-17 relative; float32 accumulation);
 //   * batch invariance: every row of a 256-row launch has exactly the bits of that row launched alone
 //     (the tc1 path: of a 2-row launch, its regime; the one-row MLX int4 kernel, quant_mma1_kernel,
-//     takes 1-2 rows; above, each regime of the tc1 path: staged_regimes; with SCR_CUDA_QUANT_WIDE=256,
-//     quant_wide_kernel's 33-256 rows against launches of 33);
+//     takes 1-2 rows; above, each regime of the tc1 path: staged_regimes; quant_wide_kernel's 33-128
+//     rows (by default; SCR_CUDA_QUANT_WIDE=256: 33-256) against launches of 33; int8 / fp8 on the tc1
+//     path only with SCR_CUDA_QUANT_WIDE_CODES, at its rows);
 //   * quant_wide_kernel (when on) as a programmatic dependent in a chain of launches, against the
 //     same chain without PDL (wide_pdl_check);
 //   * the fused variants (quant_linear_fused: grouped Q/K/V with biases, SwiGLU, folded RMSNorm, and
@@ -213,24 +214,40 @@ int tc1_rows() { return qdetail::qmma1_max_rows(); }
 // The tc1 path's MLX int4 launches of 3-256 rows (17+ in passes of 16; SCR_CUDA_QUANT_STAGED_UPTO
 // moves the top) run quant_staged_kernel (x staged once per block) where its rule takes them,
 // quant_mma_kernel otherwise: tc1 checks reach up to here (the buffers: kMaxRows).
-int tc1_top() { return std::max({qdetail::qstaged_on() ? qdetail::qstaged_max_rows() : tc1_rows(), qdetail::qwide_max_rows()}); }
+int tc1_top() {
+    return std::max({qdetail::qstaged_on() ? qdetail::qstaged_max_rows() : tc1_rows(), qdetail::qwide_max_rows_of(true),
+                     qdetail::qwide_max_rows_of(false)});
+}
 int invariance_rows(QuantGemvPath p) { return p == QuantGemvPath::smem ? 8 : p == QuantGemvPath::tc1 ? tc1_rows() : kMaxRows; }
 int invariance_alone_rows(QuantGemvPath p, bool swiglu) { return p == QuantGemvPath::tc1 && swiglu && tc1_rows() >= 2 ? 2 : 1; }
-// The one-row tensor-core kernel exists for the MLX int4 formats only.
-bool path_applies(QuantGemvPath p, Fmt f) {
-    return p != QuantGemvPath::tc1 || f == Fmt::int4_g32 || f == Fmt::int4_g64 || f == Fmt::int4_g128;
+// Whether format f is one quant_wide_kernel takes (MLX int4 g32 / g64, int8 / fp8 codes), and
+// whether it takes a launch of `rows` rows of f (its switch: SCR_CUDA_QUANT_WIDE or _CODES).
+bool wide_format(Fmt f) { return f != Fmt::int4_g128 && f != Fmt::bf16; }
+bool wide_takes(Fmt f, int rows) {
+    return wide_format(f) && rows >= qdetail::qwide_min_rows() && rows <= qdetail::qwide_max_rows_of(is_int4(f));
 }
+template <class F>
+constexpr bool wide_format() {
+    if constexpr (F::kAffine) return F::kGroup <= 64;
+    else return true;
+}
+// The tc1 path (the model's decode routing, without cuBLASLt): the one-row tensor-core and staged
+// kernels exist for the MLX int4 formats only; int8 / fp8 take it where quant_wide_kernel is on for
+// them (SCR_CUDA_QUANT_WIDE_CODES), at its rows only (tc1_row_applies).
+bool path_applies(QuantGemvPath p, Fmt f) { return p != QuantGemvPath::tc1 || is_int4(f) || qdetail::qwide_max_rows_of(false) > 0; }
+bool tc1_row_applies(Fmt f, int rows) { return is_int4(f) || wide_takes(f, rows); }
 // tc1 must really run when asked for: its launcher records a split, cleared before each launch.
 // quant_staged_kernel must run where its rule takes the launch (tiles: 16-row tiles, SwiGLU's twice;
 // chunks: 128-k chunks per row).
-// wide: the format is one quant_wide_kernel takes (MLX int4 g32 / g64), which then must run at 33+ rows.
-void expect_tc1_ran(QuantGemvPath path, int rows, int tiles, int chunks, bool fused, bool wide) {
+// wide: the format is one quant_wide_kernel takes, which then must run where its switch takes the rows;
+// int4: an MLX int4 format (the other kernels exist for those only).
+void expect_tc1_ran(QuantGemvPath path, int rows, int tiles, int chunks, bool fused, bool wide, bool int4 = true) {
     if (path != QuantGemvPath::tc1) return;
-    if (wide && qdetail::qwide_takes(rows)) {
+    if (wide && rows >= qdetail::qwide_min_rows() && rows <= qdetail::qwide_max_rows_of(int4)) {
         if (qdetail::qwide_last_plan().slices == 0) die(text("quant_wide_kernel declined a launch of %d rows", rows));
         return;
     }
-    if (rows > tc1_top()) return;
+    if (!int4 || rows > tc1_top()) return;
     if (rows <= tc1_rows() && qdetail::qmma1_last_split().warps == 0) die(text("quant_mma1_kernel declined a launch of %d rows", rows));
     if (rows > tc1_rows() && qdetail::qstaged_takes(rows, tiles, chunks, fused) && qdetail::qstaged_last_plan().slices == 0)
         die(text("quant_staged_kernel declined a launch of %d rows (%d tiles)", rows, tiles));
@@ -247,16 +264,18 @@ struct Regime {
 };
 // With `wide` (a format quant_wide_kernel takes, and the kernel on) 33+ rows are its own regime
 // [33, kMaxRows] (one 64-row tile against launches of 33, the other tiles' rows too), and the
-// staged regimes stop at 32.
-std::vector<Regime> staged_regimes(int tiles, int chunks, bool fused, bool wide) {
+// staged regimes stop at 32. int8 / fp8 (not int4) on the tc1 path: the wide regime only.
+std::vector<Regime> staged_regimes(int tiles, int chunks, bool fused, bool wide, bool int4 = true) {
     const int pass = qdetail::kQsMaxRows;
     const int wlo = qdetail::qwide_min_rows();
-    wide = wide && qdetail::qwide_takes(wlo);
+    const int wtop = qdetail::qwide_max_rows_of(int4);
+    wide = wide && wlo <= wtop;
+    if (!int4) return wide ? std::vector<Regime>{{wlo, std::min(wtop, kMaxRows)}} : std::vector<Regime>{};
     if (wide && wlo <= pass + 1) {  // SCR_CUDA_QUANT_WIDE_FROM below 18: the staged regimes end before it
         std::vector<Regime> r;
         if (wlo > 8) r.push_back({3, 8});
         if (wlo > 9) r.push_back({9, wlo - 1});
-        r.push_back({wlo, std::min(qdetail::qwide_max_rows(), kMaxRows)});
+        r.push_back({wlo, std::min(wtop, kMaxRows)});
         return r;
     }
     const int top = std::min(std::min(qdetail::qstaged_max_rows(), kMaxRows), wide ? wlo - 1 : kMaxRows);
@@ -265,16 +284,9 @@ std::vector<Regime> staged_regimes(int tiles, int chunks, bool fused, bool wide)
     else if (qdetail::qstaged_takes(pass + 1, tiles, chunks, fused)) r = {{3, 8}, {9, top}, {9, pass + 1}};
     else if (top <= 2 * pass) r = {{3, 8}, {9, pass}, {pass + 1, top}};
     else r = {{3, 8}, {9, pass}, {pass + 1, 2 * pass}, {9, top}};
-    if (wide) r.push_back({wlo, std::min(qdetail::qwide_max_rows(), kMaxRows)});
+    if (wide) r.push_back({wlo, std::min(wtop, kMaxRows)});
     return r;
 }
-// Whether format F is one quant_wide_kernel takes.
-template <class F>
-constexpr bool wide_format() {
-    if constexpr (F::kAffine) return F::kGroup <= 64;
-    else return false;
-}
-bool wide_format(Fmt f) { return f == Fmt::int4_g32 || f == Fmt::int4_g64; }
 // A batch-invariance comparison: outputs whose bits differ between the batched launch and the
 // launches of fewer rows, of how many, and the batched launch's split (split_of).
 struct Invariance {
@@ -301,7 +313,7 @@ void launch_as(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path) {
     qdetail::qstaged_last_plan() = {};  // a launch that never reaches the staged kernel prints no stale plan
     qdetail::qwide_last_plan() = {};
     quant_linear<F>(c, a, path);
-    expect_tc1_ran(path, a.rows, (a.n + 15) / 16, a.k / 128, false, wide_format<F>());
+    expect_tc1_ran(path, a.rows, (a.n + 15) / 16, a.k / 128, false, wide_format<F>(), F::kAffine);
 }
 
 // The tensor-core kernel's K split in the last launch (SCR_CUDA_QUANT_SPLITK, qmma_split): "warps x
@@ -731,40 +743,51 @@ int check_emulation(Fmt f, int k, uint32_t seed, double& worst, bool perturb = f
 // ---- Host emulation of quant_wide_kernel's data path (kernels/cuda/quant_wide.cuh) ----
 // One block (row group 0, token tile 0, one K slice) of a plain launch of `n` weight rows (n < 256:
 // the last warps' rows clamp to the last row) over K = k and `rows` real tokens of the 64-token tile
-// (the rest padding): the prep's placement of x's fragments and group sums (qw_prep_frag,
-// qw_xsum), the producer's weight copies (qw_copy_row, qw_row_of), the warps' reads (qw_lane_row,
-// qw_xfrag), the MMAs and group sums (emulated as emulate_warp does), and the epilogue's output
-// positions. Returns y[rows][n] (NaN where nothing was written; a position written twice counts in
-// `twice`).
+// (the rest padding): the prep's placement of x's fragments and (int4) group sums (qw_prep_frag /
+// qw_prep_frag_codes, qw_xsum), the producer's weight copies (qw_copy_row, qw_row_of), the warps'
+// reads (qw_lane_row, qw_xfrag / qw_xfrag_codes), the MMAs and group sums (emulated as emulate_warp
+// does), and the epilogue's output positions (codes: the row scale). Returns y[rows][n] (NaN where
+// nothing was written; a position written twice counts in `twice`).
 template <class F>
 std::vector<double> emulate_wide_block(int n, int k, int rows, const HostWeights& h, const std::vector<float>& x, int& twice) {
-    constexpr int G = F::kGroup, GPC = 128 / G, WPG = F::kWordsPerGroup, TN = qdetail::kQwTN, TP = qdetail::kQwTokens;
-    const int chunks = k / 128;
-    const size_t row_bytes = size_t(k) / 128 * 64;
-    constexpr int kFragWords = qdetail::kQwFragBytes / 4;
+    using Q = qdetail::QwFmt<F>;
+    constexpr int CK = Q::kCK, SK = Q::kSubK, GPC = Q::kGpc, TN = qdetail::kQwTN, TP = qdetail::kQwTokens;
+    const int chunks = k / CK;
+    const size_t row_bytes = size_t(k) / CK * 64;
+    constexpr int kFragWords = Q::kFragBytes / 4;
     // The prep: x's B fragments and group sums per chunk.
     std::vector<uint32_t> X(size_t(chunks) * kFragWords, 0xdeadbeefu);
-    std::vector<float> XS(size_t(chunks) * GPC * TP, std::nanf(""));
+    std::vector<float> XS(size_t(chunks) * std::max(GPC, 1) * TP, std::nanf(""));
     for (int c = 0; c < chunks; ++c)
         for (int tok = 0; tok < TP; ++tok) {
-            float gsum[GPC] = {};
+            float gsum[std::max(GPC, 1)] = {};
             for (int sub = 0; sub < 16; ++sub) {
-                float xv[8];
-                for (int i = 0; i < 8; ++i) xv[i] = tok < rows ? x[size_t(tok) * k + c * 128 + 8 * sub + i] : 0.0f;
-                float gs = 0.0f;
-                for (int i = 0; i < 8; ++i) gs += xv[i];
-                gsum[8 * sub / G] += gs;
-                uint32_t bh[4], bl[4];
-                for (int q = 0; q < 4; ++q) qdetail::qsplit_bf16x2(xv[q], xv[q + 4], bh[q], bl[q]);
-                const int at = qdetail::qw_prep_frag<F::kSwap>(tok, sub);
-                for (int q = 0; q < 4; ++q) {
-                    X[size_t(c) * kFragWords + size_t(at) * 4 + q] = bh[q];
-                    X[size_t(c) * kFragWords + size_t(at + 32) * 4 + q] = bl[q];
+                float xv[SK];
+                for (int i = 0; i < SK; ++i) xv[i] = tok < rows ? x[size_t(tok) * k + c * CK + SK * sub + i] : 0.0f;
+                uint32_t* frag = &X[size_t(c) * kFragWords];
+                if constexpr (Q::kInt4) {
+                    float gs = 0.0f;
+                    for (int i = 0; i < 8; ++i) gs += xv[i];
+                    gsum[8 * sub / F::kGroup] += gs;
+                    uint32_t bh[4], bl[4];
+                    for (int q = 0; q < 4; ++q) qdetail::qsplit_bf16x2(xv[q], xv[q + 4], bh[q], bl[q]);
+                    const int at = qdetail::qw_prep_frag<F::kSwap>(tok, sub);
+                    for (int q = 0; q < 4; ++q) {
+                        frag[size_t(at) * 4 + q] = bh[q];
+                        frag[size_t(at + 32) * 4 + q] = bl[q];
+                    }
+                } else {
+                    uint32_t bh[2], bl[2];
+                    qdetail::qsplit_bf16x2(xv[0], xv[1], bh[0], bl[0]);
+                    qdetail::qsplit_bf16x2(xv[2], xv[3], bh[1], bl[1]);
+                    const int at = qdetail::qw_prep_frag_codes(tok, sub);
+                    frag[size_t(at) * 4 + 0] = bh[0], frag[size_t(at) * 4 + 1] = bh[1];
+                    frag[size_t(at) * 4 + 2] = bl[0], frag[size_t(at) * 4 + 3] = bl[1];
                 }
             }
             for (int gi = 0; gi < GPC; ++gi) XS[size_t(c) * GPC * TP + qdetail::qw_xsum(gi, tok)] = gsum[gi];
         }
-    // The producer: each stage's weight rows and parameters as the block's threads copy them.
+    // The producer: each stage's weight rows and (int4) parameters as the block's threads copy them.
     std::vector<uint8_t> W(size_t(chunks) * qdetail::kQwRows * 64, 0xee);
     std::vector<uint16_t> PS(size_t(chunks) * qdetail::kQwRows * GPC), PB(PS.size());
     for (int c = 0; c < chunks; ++c)
@@ -773,10 +796,12 @@ std::vector<double> emulate_wide_block(int n, int k, int rows, const HostWeights
                 const int r = qdetail::qw_copy_row(tid, q), row = std::min(qdetail::qw_row_of<false>(0, r), n - 1);
                 std::memcpy(&W[(size_t(c) * qdetail::kQwRows + r) * 64 + (tid % 4) * 16], &h.q[size_t(row) * row_bytes + size_t(c) * 64 + (tid % 4) * 16], 16);
             }
-            const int row = std::min(qdetail::qw_row_of<false>(0, tid), n - 1);
-            for (int j = 0; j < GPC; ++j) {
-                PS[(size_t(c) * qdetail::kQwRows + tid) * GPC + j] = h.scales[size_t(row) * (k / G) + c * GPC + j];
-                PB[(size_t(c) * qdetail::kQwRows + tid) * GPC + j] = h.biases[size_t(row) * (k / G) + c * GPC + j];
+            if constexpr (Q::kInt4) {
+                const int row = std::min(qdetail::qw_row_of<false>(0, tid), n - 1);
+                for (int j = 0; j < GPC; ++j) {
+                    PS[(size_t(c) * qdetail::kQwRows + tid) * GPC + j] = h.scales[size_t(row) * (k / F::kGroup) + c * GPC + j];
+                    PB[(size_t(c) * qdetail::kQwRows + tid) * GPC + j] = h.biases[size_t(row) * (k / F::kGroup) + c * GPC + j];
+                }
             }
         }
     // The warps.
@@ -793,6 +818,27 @@ std::vector<double> emulate_wide_block(int n, int k, int rows, const HostWeights
                 for (int l = 0; l < 32; ++l)
                     for (int hh = 0; hh < 2; ++hh)
                         std::memcpy(v[l][hh], &W[(size_t(c) * qdetail::kQwRows + qdetail::qw_lane_row(warp, m, l / 4, hh)) * 64 + 16 * (l % 4)], 16);
+                const uint32_t* frag = &X[size_t(c) * kFragWords];
+                if constexpr (!Q::kInt4) {
+                    for (int wd = 0; wd < 4; ++wd) {
+                        uint32_t a[32][4];
+                        for (int l = 0; l < 32; ++l) {
+                            uint32_t a0[2], a8[2];
+                            qdetail::qunpack_row_bf16<F>(v[l][0][wd], a0);
+                            qdetail::qunpack_row_bf16<F>(v[l][1][wd], a8);
+                            a[l][0] = a0[0], a[l][1] = a8[0], a[l][2] = a0[1], a[l][3] = a8[1];
+                        }
+                        for (int nt = 0; nt < TN; ++nt) {
+                            uint32_t bh[32][2], bl[32][2];
+                            for (int l = 0; l < 32; ++l) {
+                                const uint32_t* b = &frag[size_t(qdetail::qw_xfrag_codes(wd, nt, l)) * 4];
+                                bh[l][0] = b[0], bh[l][1] = b[1], bl[l][0] = b[2], bl[l][1] = b[3];
+                            }
+                            mma_emulate(a, bh, acc[nt]);
+                            mma_emulate(a, bl, acc[nt]);
+                        }
+                    }
+                } else {
                 for (int mm = 1; mm <= 2; mm *= 2) {  // qxpose, __shfl_xor_sync emulated
                     if (!(F::kSwap & mm)) continue;
                     for (int i = 0; i < 2; ++i) {
@@ -806,7 +852,7 @@ std::vector<double> emulate_wide_block(int n, int k, int rows, const HostWeights
                 }
                 static float cg[TN][32][4];
                 for (int wd = 0; wd < 4; ++wd) {
-                    if (wd % WPG == 0)
+                    if (wd % F::kWordsPerGroup == 0)
                         for (auto& a : cg)
                             for (auto& l : a)
                                 for (float& e : l) e = 0.0f;
@@ -821,8 +867,8 @@ std::vector<double> emulate_wide_block(int n, int k, int rows, const HostWeights
                     for (int nt = 0; nt < TN; ++nt) {
                         uint32_t bh[32][2], bh2[32][2], bl[32][2], bl2[32][2];
                         for (int l = 0; l < 32; ++l) {
-                            const uint32_t* vh = &X[size_t(c) * kFragWords + size_t(qdetail::qw_xfrag(wd, nt, l)) * 4];
-                            const uint32_t* vl = &X[size_t(c) * kFragWords + size_t(qdetail::qw_xfrag(wd, nt, l) + 32) * 4];
+                            const uint32_t* vh = &frag[size_t(qdetail::qw_xfrag(wd, nt, l)) * 4];
+                            const uint32_t* vl = &frag[size_t(qdetail::qw_xfrag(wd, nt, l) + 32) * 4];
                             bh[l][0] = vh[0], bh[l][1] = vh[1], bh2[l][0] = vh[2], bh2[l][1] = vh[3];
                             bl[l][0] = vl[0], bl[l][1] = vl[1], bl2[l][0] = vl[2], bl2[l][1] = vl[3];
                         }
@@ -831,8 +877,8 @@ std::vector<double> emulate_wide_block(int n, int k, int rows, const HostWeights
                         mma_emulate(a01, bl, cg[nt]);
                         mma_emulate(a23, bl2, cg[nt]);
                     }
-                    if (wd % WPG != WPG - 1) continue;
-                    const int grp = wd / WPG;
+                    if (wd % F::kWordsPerGroup != F::kWordsPerGroup - 1) continue;
+                    const int grp = wd / F::kWordsPerGroup;
                     for (int nt = 0; nt < TN; ++nt)
                         for (int l = 0; l < 32; ++l) {
                             const int g = l / 4, t = l % 4;
@@ -845,6 +891,7 @@ std::vector<double> emulate_wide_block(int n, int k, int rows, const HostWeights
                             }
                         }
                 }
+                }
             }
             for (int nt = 0; nt < TN; ++nt)
                 for (int l = 0; l < 32; ++l) {
@@ -856,6 +903,7 @@ std::vector<double> emulate_wide_block(int n, int k, int rows, const HostWeights
                         double& out = y[size_t(tok) * n + row];
                         twice += std::isnan(out) ? 0 : 1;
                         out = acc[nt][l][e];
+                        if constexpr (!Q::kInt4) out = float(out) * float(bf16_to_double(h.scales[F::kPerTensor ? 0 : row]));
                     }
                 }
         }
@@ -869,11 +917,12 @@ int check_wide_emulation(Fmt f, int n, int k, int rows, uint32_t seed, double& w
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> ux(-1.0f, 1.0f), us(0.004f, 0.012f), ub(-0.1f, -0.03f);
     HostWeights h;
-    h.q.resize(size_t(n) * k / 2);
+    h.q.resize(is_int4(f) ? size_t(n) * k / 2 : size_t(n) * k);
     for (auto& b : h.q) b = uint8_t(rng());
-    for (int i = 0; i < n * (k / group_of(f)); ++i) {
-        h.scales.push_back(uint16_t(qdetail::qbf16_bits(us(rng))));
-        h.biases.push_back(uint16_t(qdetail::qbf16_bits(ub(rng))));
+    const int nscales = is_int4(f) ? n * (k / group_of(f)) : f == Fmt::fp8_tensor ? 1 : n;
+    for (int i = 0; i < nscales; ++i) {
+        h.scales.push_back(uint16_t(qdetail::qbf16_bits(is_int4(f) ? us(rng) : us(rng) / (is_fp8(f) ? 400 : 8))));
+        if (is_int4(f)) h.biases.push_back(uint16_t(qdetail::qbf16_bits(ub(rng))));
     }
     std::vector<float> x(size_t(rows) * k);
     for (auto& v : x) v = ux(rng) * 2.0f;
@@ -997,15 +1046,21 @@ int host_selftest() {
     std::printf("host selftest (tensor-core warp emulated, int4 g32/g64/g128 + int8 + fp8 channel/tensor, 16 rows x 8 tokens, "
                 "against float64, bound 2e-5 B + 1e-6): worst err/bound %.3g, %d wrong; negative control caught %d/6: %s\n",
                 worst, ebad, control, ebad == 0 && control == 6 ? "ok" : "FAILED");
-    // quant_wide_kernel's data path (off by default until it runs on a GPU): 40 rows (warps 2-7
+    // quant_wide_kernel's data path (int8 / fp8: off by default until it runs on a GPU): 40 rows (warps 2-7
     // clamp to the last row), 37 real tokens of the 64-token tile, 3 chunks; g32 and g64. The
     // SwiGLU row map sends a lane's gate and up tiles to the same output rows, every row once.
     double wworst = 0.0;
     int wbad = 0, wcontrol = 0;
     wbad += check_wide_emulation<qdetail::MlxInt4<32, bf16_t>>(Fmt::int4_g32, 40, 384, 37, 7, wworst);
     wbad += check_wide_emulation<qdetail::MlxInt4<64, bf16_t>>(Fmt::int4_g64, 40, 384, 37, 8, wworst);
+    wbad += check_wide_emulation<qdetail::Int8Channel<bf16_t>>(Fmt::int8, 40, 384, 37, 9, wworst);
+    wbad += check_wide_emulation<qdetail::Fp8E4M3<bf16_t, false>>(Fmt::fp8, 40, 384, 37, 10, wworst);
+    wbad += check_wide_emulation<qdetail::Fp8E4M3<bf16_t, true>>(Fmt::fp8_tensor, 40, 320, 37, 11, wworst);
     wcontrol += check_wide_emulation<qdetail::MlxInt4<32, bf16_t>>(Fmt::int4_g32, 40, 384, 37, 7, unused, true) > 0;
     wcontrol += check_wide_emulation<qdetail::MlxInt4<64, bf16_t>>(Fmt::int4_g64, 40, 384, 37, 8, unused, true) > 0;
+    wcontrol += check_wide_emulation<qdetail::Int8Channel<bf16_t>>(Fmt::int8, 40, 384, 37, 9, unused, true) > 0;
+    wcontrol += check_wide_emulation<qdetail::Fp8E4M3<bf16_t, false>>(Fmt::fp8, 40, 384, 37, 10, unused, true) > 0;
+    wcontrol += check_wide_emulation<qdetail::Fp8E4M3<bf16_t, true>>(Fmt::fp8_tensor, 40, 320, 37, 11, unused, true) > 0;
     {
         std::vector<int> seen(2 * qdetail::kQwRows / 2, 0);  // two row groups of 128 output rows
         for (int rg = 0; rg < 2; ++rg)
@@ -1020,9 +1075,9 @@ int host_selftest() {
         for (int c : seen) wbad += c != 1;
     }
     std::printf("host selftest (quant_wide_kernel's block emulated: prep placement, weight copies, warp reads, MMAs, epilogue "
-                "positions; g32/g64, 40 rows x 37 of 64 tokens x 384 k, against float64, bound 2e-5 B + 1e-6): worst err/bound "
-                "%.3g, %d wrong; negative control caught %d/2: %s\n",
-                wworst, wbad, wcontrol, wbad == 0 && wcontrol == 2 ? "ok" : "FAILED");
+                "positions; int4 g32/g64, int8, fp8 channel/tensor, 40 rows x 37 of 64 tokens x 384 (fp8 tensor 320) k, against "
+                "float64, bound 2e-5 B + 1e-6): worst err/bound %.3g, %d wrong; negative control caught %d/5: %s\n",
+                wworst, wbad, wcontrol, wbad == 0 && wcontrol == 5 ? "ok" : "FAILED");
     // The split-K choice (qmma_split): a valid launch for every shape (whole chunks per warp, at most
     // 8 warps and 8 blocks per cluster), mode 0 is the original split, mode 1 fits one wave (row tiles
     // x slices <= resident warps, or 1 slice) and could not double without leaving it.
@@ -1117,7 +1172,8 @@ void launch_fused_as(const Ctx& c, const QuantFusedArgs& a, bool swiglu, QuantGe
     int n_total = 0;  // as the kernel stacks the rows; SwiGLU's tiles count twice (gate and up)
     for (int m = 0; m < a.nmat; ++m) n_total += a.mat[m].n;
     const int tiles = swiglu ? (a.mat[0].n + 15) / 16 * 2 : (n_total + 15) / 16;
-    if (!swiglu || a.rows == 1 || a.rows > tc1_rows()) expect_tc1_ran(path, a.rows, tiles, a.k / 128, swiglu || a.norm_w, wide_format<F>());
+    if (!swiglu || a.rows == 1 || a.rows > tc1_rows())
+        expect_tc1_ran(path, a.rows, tiles, a.k / 128, swiglu || a.norm_w, wide_format<F>(), F::kAffine);
 }
 void launch_fused(Fmt f, cudaStream_t st, const QuantFusedArgs& a, bool swiglu, QuantGemvPath path) {
     Ctx c = ctx_on(st);
@@ -1292,7 +1348,7 @@ int fused_checks(cudaStream_t st) {
             for (QuantGemvPath path : {QuantGemvPath::smem, QuantGemvPath::mma, QuantGemvPath::tc1}) {
             if (!path_applies(path, f)) continue;
             for (int rows : check_rows) {
-                if (path == QuantGemvPath::tc1 && rows > tc1_top()) continue;
+                if (path == QuantGemvPath::tc1 && (rows > tc1_top() || !tc1_row_applies(f, rows))) continue;
                 for (int m = 0; m < nout; ++m) CK(cudaMemset(y[m], 0xff, sizeof(float) * kMaxRows * fc.n[m]));
                 launch_fused(f, st, args(rows, 0, y), fc.swiglu, path);
                 CK(cudaGetLastError());
@@ -1353,11 +1409,13 @@ int fused_checks(cudaStream_t st) {
             // kMaxRows rows (smem: 8, tc1: 2) vs each row alone (tc1's SwiGLU: vs launches of 2 rows,
             // invariance_alone_rows).
             const int inv_rows = invariance_rows(path), alone = invariance_alone_rows(path, fc.swiglu);
-            const Invariance all = invariance(inv_rows, alone, alone);
-            std::printf("check fused %-34s k %4d %-13s %-4s batch invariance (%d rows vs launches of %d): %zu of %zu outputs differ -> %s\n",
-                        fc.what, k, name_of(f), name_of(path), inv_rows, alone, all.differ, all.total, all.verdict());
+            if (tc1_row_applies(f, inv_rows)) {  // int8 / fp8 on tc1: the wide regime's check below only
+                const Invariance all = invariance(inv_rows, alone, alone);
+                std::printf("check fused %-34s k %4d %-13s %-4s batch invariance (%d rows vs launches of %d): %zu of %zu outputs differ -> %s\n",
+                            fc.what, k, name_of(f), name_of(path), inv_rows, alone, all.differ, all.total, all.verdict());
+            }
             const int chunks = k / 128, tiles = fc.swiglu ? (fc.n[0] + 15) / 16 * 2 : (fc.n[0] + fc.n[1] + fc.n[2] + 15) / 16;
-            for (const Regime& rg : staged_regimes(tiles, chunks, fc.swiglu || fc.norm, wide_format(f))) {
+            for (const Regime& rg : staged_regimes(tiles, chunks, fc.swiglu || fc.norm, wide_format(f), is_int4(f))) {
                 if (path != QuantGemvPath::tc1 || rg.hi > tc1_top()) continue;
                 // A regime above 2 rows: its largest batch against each row as the first of a launch of its smallest.
                 const Invariance v = invariance(rg.hi, rg.lo, 1);
@@ -1800,7 +1858,7 @@ void prefill_bench(cudaStream_t st) {
 int wide_pdl_check(cudaStream_t st) {
     using F = qdetail::MlxInt4<64, bf16_t>;
     const int rows = 100, h = 2048, f = 8192;
-    if (!qdetail::qwide_takes(rows)) {
+    if (!wide_takes(Fmt::int4_g64, rows)) {
         std::printf("check wide chain with PDL: skipped (quant_wide_kernel off for %d rows)\n", rows);
         return 0;
     }
@@ -1996,7 +2054,7 @@ int main(int argc, char** argv) try {
                 };
                 for (const Check& ck : checks) {
                     const int rows = ck.rows;
-                    if (path == QuantGemvPath::tc1 && rows > tc1_top()) continue;
+                    if (path == QuantGemvPath::tc1 && (rows > tc1_top() || !tc1_row_applies(f, rows))) continue;
                     CK(cudaMemset(y, 0xff, sizeof(float) * rows * n));  // NaN: unwritten outputs fail
                     launch(f, path, st, args(rows, x, y, ck.epilogue, residual));
                     CK(cudaGetLastError());
@@ -2055,11 +2113,13 @@ int main(int argc, char** argv) try {
                 };
                 // Each row alone against the same row in a batch of kMaxRows (smem: of 8, its regime).
                 const int inv_rows = invariance_rows(path);
-                const Invariance all = invariance(inv_rows, 1);
-                std::printf("check %6dx%-5d %-13s %-4s batch invariance (%d rows vs each alone, +bias+residual): %zu of %zu "
-                            "outputs differ -> %s\n",
-                            n, k, name_of(f), name_of(path), inv_rows, all.differ, all.total, all.verdict());
-                for (const Regime& rg : staged_regimes((n + 15) / 16, k / 128, false, wide_format(f))) {
+                if (tc1_row_applies(f, inv_rows)) {  // int8 / fp8 on tc1: the wide regime's check below only
+                    const Invariance all = invariance(inv_rows, 1);
+                    std::printf("check %6dx%-5d %-13s %-4s batch invariance (%d rows vs each alone, +bias+residual): %zu of %zu "
+                                "outputs differ -> %s\n",
+                                n, k, name_of(f), name_of(path), inv_rows, all.differ, all.total, all.verdict());
+                }
+                for (const Regime& rg : staged_regimes((n + 15) / 16, k / 128, false, wide_format(f), is_int4(f))) {
                     if (path != QuantGemvPath::tc1 || rg.hi > tc1_top()) continue;
                     // A regime above 2 rows: its largest batch against each row as the first of a launch of its smallest.
                     const Invariance v = invariance(rg.hi, rg.lo);

@@ -1,13 +1,17 @@
 #!/bin/bash
-# MLX int4 decode of 33-256 token rows on quant_wide_kernel (issue #9; kernels/cuda/quant_wide.cuh;
-# off by default until this has run: SCR_CUDA_QUANT_WIDE=256 turns it on) against the defaults
-# (33-64 rows in staged passes of 16, 65-256 on cuBLASLt over expanded weights), on the GPU machine.
+# Decode of 33-256 token rows on quant_wide_kernel (issue #9; kernels/cuda/quant_wide.cuh; MLX int4:
+# SCR_CUDA_QUANT_WIDE=N, int8 / fp8: SCR_CUDA_QUANT_WIDE_CODES=N) against other routings (MLX int4
+# 33-64 rows in staged passes of 16, 65+ on cuBLASLt over expanded weights; int8 / fp8 33+ on
+# cuBLASLt), on the GPU machine.
 # One phase per call keeps a call inside the run tool's 600 s (each step prints its rc as it ends):
 #   OUT=$OUT PHASE=checks|slices|racecheck|kbench|logits|e2e [MODELS="8b 1b"] [BATCHES=32,48,64,128,256]
 #       [ROUNDS=2] [VARIANTS="SCR_CUDA_QUANT_WIDE=256 default"] [BF16=1] [KROWS="32|48|64|96|128|256"]
-#       [CFORMATS=mlx-int4-g64,mlx-int4-g32] bash tests/cuda/qwide_ab.sh S_CARRY
+#       [CFORMATS=mlx-int4-g64,mlx-int4-g32] [QPRESET=mlx-int4-g64|int8|...] [WIDE=NAME=VALUE]
+#       bash tests/cuda/qwide_ab.sh S_CARRY
 # S_CARRY/bin.tar.xz: scr and scr_cuda_quant_gemv of a CUDA build with llama-3.2-1b and llama-3.1-8b
-# x bf16 and mlx-int4-g64 (tests/cuda/pack_carry.sh).
+# x bf16 and mlx-int4-g64 (and the QPRESET of the e2e / logits phases; tests/cuda/pack_carry.sh).
+# WIDE: the switch the checks run with (default SCR_CUDA_QUANT_WIDE=256; int8 / fp8:
+# SCR_CUDA_QUANT_WIDE_CODES=256 with CFORMATS=int8,fp8,fp8-tensor).
 #   checks:    scr_cuda_quant_gemv --no-bench with SCR_CUDA_QUANT_WIDE=256 (values against float64 at
 #              33, 64 and 256 rows; 256 rows against launches of 33, bit for bit; the PDL chain), then
 #              the same under compute-sanitizer's memcheck on three shapes;
@@ -30,7 +34,8 @@ S=$C
 PHASE=${PHASE:-checks}
 has() { case " $PHASE " in *" $1 "*) return 0 ;; esac; return 1; }
 said() { echo "${summary[-1]}"; }  # the last step's rc, as soon as it ends
-WIDE=SCR_CUDA_QUANT_WIDE=256
+WIDE=${WIDE:-SCR_CUDA_QUANT_WIDE=256}
+QP=${QPRESET:-mlx-int4-g64}
 SMALL=4096x4096,2048x8192,1001x384
 if has checks; then
     step qgemv 330 env $WIDE $S/scr_cuda_quant_gemv --no-bench --formats ${CFORMATS:-mlx-int4-g64,mlx-int4-g32}; said
@@ -41,7 +46,7 @@ if has checks; then
     grep -E "tc1 +wide .*vs launches of 33" "$OUT/qgemv.txt" | head -4
     grep -E "wide chain with PDL" "$OUT/qgemv.txt"
     step memcheck 200 env $WIDE compute-sanitizer --tool memcheck --error-exitcode 9 $S/scr_cuda_quant_gemv --no-bench \
-        --formats mlx-int4-g64 --shapes $SMALL; said
+        --formats ${CFORMATS%%,*} --shapes $SMALL; said
     grep -h "ERROR SUMMARY\|checks passed\|FAILED" "$OUT/memcheck.txt" | tail -4
 fi
 if has slices; then
@@ -71,10 +76,10 @@ fi
 for m in ${MODELS-8b 1b}; do
     has logits || has e2e || continue
     make_model $m; said
-    step quant_$m 300 $S/scr quantize "$M" "$M-int4" --preset mlx-int4-g64; said
-    Q=$M-int4
+    step quant_$m 300 $S/scr quantize "$M" "$M-q" --preset $QP; said
+    Q=$M-q
     if has logits; then
-        step logits_$m 450 python3 tests/cuda/qrows_logits.py --mode wide $S/scr "$Q"; said
+        step logits_$m 450 python3 tests/cuda/qrows_logits.py --mode wide --quant $QP $S/scr "$Q"; said
         tail -10 "$OUT/logits_$m.txt"
     fi
     if has e2e; then
