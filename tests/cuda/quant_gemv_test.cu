@@ -1051,6 +1051,7 @@ int host_selftest() {
     // SwiGLU row map sends a lane's gate and up tiles to the same output rows, every row once.
     double wworst = 0.0;
     int wbad = 0, wcontrol = 0;
+    constexpr int kWideControls = 5;  // the negative controls below: each must fail
     wbad += check_wide_emulation<qdetail::MlxInt4<32, bf16_t>>(Fmt::int4_g32, 40, 384, 37, 7, wworst);
     wbad += check_wide_emulation<qdetail::MlxInt4<64, bf16_t>>(Fmt::int4_g64, 40, 384, 37, 8, wworst);
     wbad += check_wide_emulation<qdetail::Int8Channel<bf16_t>>(Fmt::int8, 40, 384, 37, 9, wworst);
@@ -1076,8 +1077,8 @@ int host_selftest() {
     }
     std::printf("host selftest (quant_wide_kernel's block emulated: prep placement, weight copies, warp reads, MMAs, epilogue "
                 "positions; int4 g32/g64, int8, fp8 channel/tensor, 40 rows x 37 of 64 tokens x 384 (fp8 tensor 320) k, against "
-                "float64, bound 2e-5 B + 1e-6): worst err/bound %.3g, %d wrong; negative control caught %d/5: %s\n",
-                wworst, wbad, wcontrol, wbad == 0 && wcontrol == 5 ? "ok" : "FAILED");
+                "float64, bound 2e-5 B + 1e-6): worst err/bound %.3g, %d wrong; negative control caught %d/%d: %s\n",
+                wworst, wbad, wcontrol, kWideControls, wbad == 0 && wcontrol == kWideControls ? "ok" : "FAILED");
     // The split-K choice (qmma_split): a valid launch for every shape (whole chunks per warp, at most
     // 8 warps and 8 blocks per cluster), mode 0 is the original split, mode 1 fits one wave (row tiles
     // x slices <= resident warps, or 1 slice) and could not double without leaving it.
@@ -1129,7 +1130,7 @@ int host_selftest() {
     block_is("8B down", false, 4096, 14336, {16, 8, 2});
     block_is("8B lm_head", false, 128256, 4096, {8, 1, 8});
     std::printf("host selftest (one-row block shapes, 10 Llama launches): %d wrong: %s\n", bbad, bbad ? "FAILED" : "ok");
-    return bad || xbad || ebad || control != 6 || wbad || wcontrol != 2 || sbad || bbad ? 1 : 0;
+    return bad || xbad || ebad || control != 6 || wbad || wcontrol != kWideControls || sbad || bbad ? 1 : 0;
 }
 
 }  // namespace
