@@ -13,8 +13,8 @@
 // Six kernels (quant_linear below picks one per shape and row count, see quant_gemv_mode()):
 //  * quant_wide_kernel (quant_wide.cuh; MLX int4 g32 / g64 at 33-128 token rows by default,
 //    SCR_CUDA_QUANT_WIDE=N up to N; int8 / fp8 only when SCR_CUDA_QUANT_WIDE_CODES is set, off by
-//    default until it has run on a GPU): the weights read once per 64 token rows through a
-//    cp.async ring, x prepared once per launch by a prep kernel;
+//    default: faster than cuBLASLt at 33-64 rows only): the weights read once per 64 token rows
+//    through a cp.async ring, x prepared once per launch by a prep kernel;
 //  * quant_mma1_kernel (quant_mma1.cuh; MLX int4 at 1-2 token rows): int8 tensor cores, x as exact
 //    base-256 digits, the MMA's columns as groups;
 //  * quant_staged_kernel (quant_staged.cuh; MLX int4 at 9-64 token rows, 17+ in passes of 16 but
