@@ -97,17 +97,14 @@ public:
         if (attn_shapes.size() == 1)
             attn_ws = fmt::format("k::attention_workspace_floats({}, {})", attn_shapes.begin()->first, attn_shapes.begin()->second);
         // Quantized linears of 33-256 rows (kernels/cuda/quant_wide.cuh): the prep's workspace for the
-        // largest quantized K (the kernel takes MLX int4 g32 / g64 with 2-byte scales, and int8 / fp8
-        // codes; the header allocates nothing while the kernel is off for the format).
+        // largest quantized K. The header decides from the format type whether the kernel takes it
+        // (qwide_format_ok) and allocates nothing while the kernel is off for the format.
         int64_t quant_k = 0;
-        const bool mlx = b_.preset.format == quant::WeightFormat::mlx_affine;
-        if ((mlx && b_.preset.group_size <= 64 && (b_.preset.scale_dtype == DType::bf16 || b_.preset.scale_dtype == DType::f16)) ||
-            b_.preset.format == quant::WeightFormat::compressed_tensors)
-            for (auto& op : g_.ops)
-                if ((op.kind == ir::OpKind::linear || op.kind == ir::OpKind::linear_swiglu) && quantized_op(op))
-                    quant_k = std::max(quant_k, int64_t(op.attr.at("k")));
+        for (auto& op : g_.ops)
+            if ((op.kind == ir::OpKind::linear || op.kind == ir::OpKind::linear_swiglu) && quantized_op(op))
+                quant_k = std::max(quant_k, int64_t(op.attr.at("k")));
         const std::string qwide_ws =
-            quant_k > 0 ? fmt::format("k::qdetail::quant_wide_model_workspace_bytes({}, {})", quant_k, mlx) : std::string("0");
+            quant_k > 0 ? fmt::format("k::qdetail::quant_wide_model_workspace_bytes<{}>({})", quant_format(), quant_k) : std::string("0");
         o += "\nclass Model final : public CudaGeneratedModel {\npublic:\n";
         o += fmt::format("    Model(const WeightSet& w, ThreadPool& pool) : CudaGeneratedModel(kInfo, w, pool, {}, {}, {}, {}) {{}}\n\n",
                          g_.scratch_floats, moe_ws, attn_ws, qwide_ws);
@@ -170,6 +167,10 @@ private:
                      p.per_tensor ? "per tensor" : p.group_size > 0 ? fmt::format("group {}", p.group_size) : "per channel");
             (void)ctype(p.scale_dtype);  // scales the kernels read: f32 / bf16 / f16
             for (auto& op : g_.ops) {
+                if (op.kind == ir::OpKind::moe && op.weights.size() > 1 && g_.tensors[op.weights[1]].quantized())
+                    fail("{}: quant preset {}: the CUDA target does not run MoE experts over quantized weights yet (layer {}; "
+                         "the cpu target does)",
+                         b_.stem, p.name, op.layer);
                 // Only weights[0] selects the quantized path: any other quantized weight of a dense op is refused.
                 for (size_t j = quantized_op(op) ? op.weights.size() : 1; j < op.weights.size(); ++j)
                     if (op.weights[j] >= 0 && g_.tensors[op.weights[j]].quantized())

@@ -95,8 +95,19 @@ bool qwide_takes(int rows) {
     return rows >= qwide_min_rows() && rows <= qwide_max_rows<F>();
 }
 
+// The formats the kernel takes: MLX int4 at g32 / g64 with 2-byte scales (a g128 chunk's 2-byte
+// parameters are below cp.async's 4 bytes), and int8 / fp8 codes. The one statement of the rule: the
+// launcher (quant_wide_fits), the model's workspace (the expression the CUDA emitter writes) and the
+// GPU test ask it.
+template <class F>
+__host__ __device__ constexpr bool qwide_format_ok() {
+    if constexpr (F::kAffine) return F::kGroup <= 64 && sizeof(typename F::Scale) == 2;
+    else return true;
+}
+
 // Workspace bytes of format F's launches of up to kQwMaxRows rows and K = k: B fragments, group sums
-// (int4), the norm's partial sums of squares.
+// (int4), the norm's partial sums of squares. A launch's K is whole chunks (quant_wide_fits); for a
+// model's largest K that is not, the whole chunks below it cover every smaller K that is.
 template <class F>
 __host__ __device__ constexpr int64_t qwide_workspace_bytes_for(int64_t k) {
     using Q = QwFmt<F>;
@@ -104,16 +115,12 @@ __host__ __device__ constexpr int64_t qwide_workspace_bytes_for(int64_t k) {
     const int64_t cblocks = (chunks + Q::kPrepChunks - 1) / Q::kPrepChunks;
     return tiles * chunks * Q::kFragBytes + tiles * chunks * Q::kGpc * kQwTokens * 4 + cblocks * kQwMaxRows * 4;
 }
-// The most any format takes at K = k_max (MLX int4 g32: the codes' fragments are as many bytes per k,
-// with no group sums). The model sizes Ctx::qwide_ws with its largest quantized K.
-__host__ __device__ constexpr int64_t quant_wide_workspace_bytes(int64_t k_max) {
-    const int64_t chunks = k_max / 128, tiles = kQwMaxRows / kQwTokens, cblocks = (chunks + 3) / 4;
-    return tiles * chunks * (kQwTN * 4 * 64 * 16) + tiles * chunks * 4 * kQwTokens * 4 + cblocks * kQwMaxRows * 4;
-}
-// What a model allocates: nothing while the kernel is off for its format (read once, at the model's
-// construction; int4: an MLX int4 preset, else int8 / fp8 codes).
-inline int64_t quant_wide_model_workspace_bytes(int64_t k_max, bool int4 = true) {
-    return qwide_max_rows_of(int4) > 0 ? quant_wide_workspace_bytes(k_max) : 0;
+// What a model of format F allocates for its largest quantized K (read once, at its construction):
+// nothing for a format the kernel does not take or while the kernel is off for it.
+template <class F>
+inline int64_t quant_wide_model_workspace_bytes(int64_t k_max) {
+    if constexpr (!qwide_format_ok<F>()) return 0;
+    else return qwide_max_rows<F>() > 0 ? qwide_workspace_bytes_for<F>(k_max) : 0;
 }
 
 // Where a launch's prep output lives in the workspace.
@@ -621,14 +628,12 @@ inline QWidePlan& qwide_last_plan() {
     return p;
 }
 
-// What the kernel takes: MLX int4 at g32 / g64 with 2-byte scales (a g128 chunk's 2-byte parameters
-// are below cp.async's 4) or int8 / fp8 codes; K in whole chunks, 16-byte aligned weights, x and norm
-// weight, aligned int4 parameters, and a workspace for the prep.
+// What the kernel takes: a format of qwide_format_ok, K in whole chunks, 16-byte aligned weights, x
+// and norm weight, aligned int4 parameters, and a workspace for the prep.
 template <class F>
 bool quant_wide_fits(const Ctx& c, const QuantFusedArgs& a) {
     using Q = QwFmt<F>;
-    if constexpr (Q::kInt4)
-        if (F::kGroup > 64 || sizeof(typename F::Scale) != 2) return false;
+    if constexpr (!qwide_format_ok<F>()) return false;
     if (!qwide_takes<F>(a.rows) || a.k % Q::kCK != 0 || !c.qwide_ws) return false;
     // The need of a 256-row launch, whatever this one's rows: whether a shape takes the kernel must
     // not depend on the row count (batch invariance within the regime).
@@ -647,61 +652,65 @@ bool quant_wide_fits(const Ctx& c, const QuantFusedArgs& a) {
 template <class F, bool SWIGLU, bool NORM>
 bool launch_quant_wide(const Ctx& c, const QuantFusedArgs& a) {
     qwide_last_plan() = {};
-    if (!quant_wide_fits<F>(c, a)) return false;
-    int n_total = a.mat[0].n;
-    if (!SWIGLU)
-        for (int m = 1; m < a.nmat; ++m) n_total += a.mat[m].n;
-    const int row_groups = SWIGLU ? (n_total + kQwRows / 2 - 1) / (kQwRows / 2) : (n_total + kQwRows - 1) / kQwRows;
-    using Q = QwFmt<F>;
-    const int chunks = a.k / Q::kCK;
-    const QWidePlan plan = qwide_plan<F, SWIGLU, NORM>(row_groups, chunks);
-    if (plan.slices == 0) return false;
-    const int tiles = (a.rows + kQwTokens - 1) / kQwTokens;
-    const int cblocks = (chunks + Q::kPrepChunks - 1) / Q::kPrepChunks;
-    QWideArgs w;
-    unsigned char* ws = static_cast<unsigned char*>(c.qwide_ws);
-    w.xf = reinterpret_cast<const uint4*>(ws);
-    w.xs = reinterpret_cast<const float*>(ws + size_t(tiles) * chunks * Q::kFragBytes);
-    w.ss = w.xs + size_t(tiles) * chunks * Q::kGpc * kQwTokens;
-    w.chunks = chunks;
-    w.cblocks = cblocks;
-    w.rows_pad = tiles * kQwTokens;
-    w.sc = chunks / plan.slices;
+    // A format the kernel never takes instantiates no kernel (MLX int4 g128: the build's time).
+    if constexpr (!qwide_format_ok<F>()) return false;
+    else {
+        if (!quant_wide_fits<F>(c, a)) return false;
+        int n_total = a.mat[0].n;
+        if (!SWIGLU)
+            for (int m = 1; m < a.nmat; ++m) n_total += a.mat[m].n;
+        const int row_groups = SWIGLU ? (n_total + kQwRows / 2 - 1) / (kQwRows / 2) : (n_total + kQwRows - 1) / kQwRows;
+        using Q = QwFmt<F>;
+        const int chunks = a.k / Q::kCK;
+        const QWidePlan plan = qwide_plan<F, SWIGLU, NORM>(row_groups, chunks);
+        if (plan.slices == 0) return false;
+        const int tiles = (a.rows + kQwTokens - 1) / kQwTokens;
+        const int cblocks = (chunks + Q::kPrepChunks - 1) / Q::kPrepChunks;
+        QWideArgs w;
+        unsigned char* ws = static_cast<unsigned char*>(c.qwide_ws);
+        w.xf = reinterpret_cast<const uint4*>(ws);
+        w.xs = reinterpret_cast<const float*>(ws + size_t(tiles) * chunks * Q::kFragBytes);
+        w.ss = w.xs + size_t(tiles) * chunks * Q::kGpc * kQwTokens;
+        w.chunks = chunks;
+        w.cblocks = cblocks;
+        w.rows_pad = tiles * kQwTokens;
+        w.sc = chunks / plan.slices;
 
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = c.pdl ? 1 : 0;
-    cudaLaunchConfig_t prep = {};
-    prep.gridDim = dim3(cblocks, w.rows_pad / 16);
-    prep.blockDim = dim3(256);
-    prep.stream = c.stream;
-    prep.attrs = attr;
-    prep.numAttrs = 1;
-    if (cudaLaunchKernelEx(&prep, quant_wide_prep_kernel<F, NORM>, a.x, a.norm_w, a.k, a.rows, const_cast<uint4*>(w.xf),
-                           const_cast<float*>(w.xs), const_cast<float*>(w.ss), w.rows_pad) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
+        cudaLaunchAttribute attr[2];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = c.pdl ? 1 : 0;
+        cudaLaunchConfig_t prep = {};
+        prep.gridDim = dim3(cblocks, w.rows_pad / 16);
+        prep.blockDim = dim3(256);
+        prep.stream = c.stream;
+        prep.attrs = attr;
+        prep.numAttrs = 1;
+        if (cudaLaunchKernelEx(&prep, quant_wide_prep_kernel<F, NORM>, a.x, a.norm_w, a.k, a.rows, const_cast<uint4*>(w.xf),
+                               const_cast<float*>(w.xs), const_cast<float*>(w.ss), w.rows_pad) != cudaSuccess) {
+            cudaGetLastError();
+            return false;
+        }
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(tiles, row_groups, plan.slices);
+        cfg.blockDim = dim3(kQwWarps * kWarp);
+        cfg.dynamicSmemBytes = qwide_smem<F>();
+        cfg.stream = c.stream;
+        attr[1].id = cudaLaunchAttributeClusterDimension;
+        attr[1].val.clusterDim.x = 1;
+        attr[1].val.clusterDim.y = 1;
+        attr[1].val.clusterDim.z = plan.slices;
+        cfg.attrs = attr;
+        cfg.numAttrs = plan.slices > 1 ? 2 : 1;
+        // A refused launch (never seen: the same kernel and shape passed the occupancy query) falls back
+        // like the staged kernel's: the prep wrote only this kernel's workspace, and its error is consumed
+        // so that the caller's next check does not report a launch that was made another way.
+        if (cudaLaunchKernelEx(&cfg, quant_wide_kernel<F, SWIGLU, NORM>, a, w) != cudaSuccess) {
+            cudaGetLastError();
+            return false;
+        }
+        qwide_last_plan() = plan;
+        return true;
     }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(tiles, row_groups, plan.slices);
-    cfg.blockDim = dim3(kQwWarps * kWarp);
-    cfg.dynamicSmemBytes = qwide_smem<F>();
-    cfg.stream = c.stream;
-    attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = 1;
-    attr[1].val.clusterDim.y = 1;
-    attr[1].val.clusterDim.z = plan.slices;
-    cfg.attrs = attr;
-    cfg.numAttrs = plan.slices > 1 ? 2 : 1;
-    // A refused launch (never seen: the same kernel and shape passed the occupancy query) falls back
-    // like the staged kernel's: the prep wrote only this kernel's workspace, and its error is consumed
-    // so that the caller's next check does not report a launch that was made another way.
-    if (cudaLaunchKernelEx(&cfg, quant_wide_kernel<F, SWIGLU, NORM>, a, w) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    qwide_last_plan() = plan;
-    return true;
 }
 
 }  // namespace scr::kernels::cuda::qdetail

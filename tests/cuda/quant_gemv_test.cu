@@ -188,9 +188,10 @@ void free_weights(DevWeights& w) {
 }
 
 constexpr int kMaxRows = 256;  // token rows of the largest check (quant_wide_kernel's four 64-row tiles)
-// The workspace of quant_wide_kernel (MLX int4 at 33-256 rows), for every K here; set on every Ctx.
+// The workspace of quant_wide_kernel (33-256 rows), for every format and K here; set on every Ctx.
 void* g_qwide_ws = nullptr;
-constexpr int64_t kQwideWsBytes = scr::kernels::cuda::qdetail::quant_wide_workspace_bytes(32768);
+constexpr int64_t kQwideWsBytes = std::max(qdetail::qwide_workspace_bytes_for<qdetail::MlxInt4<32, bf16_t>>(32768),
+                                           qdetail::qwide_workspace_bytes_for<qdetail::Int8Channel<bf16_t>>(32768));
 Ctx ctx_on(cudaStream_t st) {
     Ctx c;
     c.stream = st;
@@ -220,16 +221,11 @@ int tc1_top() {
 }
 int invariance_rows(QuantGemvPath p) { return p == QuantGemvPath::smem ? 8 : p == QuantGemvPath::tc1 ? tc1_rows() : kMaxRows; }
 int invariance_alone_rows(QuantGemvPath p, bool swiglu) { return p == QuantGemvPath::tc1 && swiglu && tc1_rows() >= 2 ? 2 : 1; }
-// Whether format f is one quant_wide_kernel takes (MLX int4 g32 / g64, int8 / fp8 codes), and
+// Whether format f is one quant_wide_kernel takes (the kernel's own rule, qwide_format_ok), and
 // whether it takes a launch of `rows` rows of f (its switch: SCR_CUDA_QUANT_WIDE or _CODES).
-bool wide_format(Fmt f) { return f != Fmt::int4_g128 && f != Fmt::bf16; }
+bool wide_format(Fmt f);
 bool wide_takes(Fmt f, int rows) {
     return wide_format(f) && rows >= qdetail::qwide_min_rows() && rows <= qdetail::qwide_max_rows_of(is_int4(f));
-}
-template <class F>
-constexpr bool wide_format() {
-    if constexpr (F::kAffine) return F::kGroup <= 64;
-    else return true;
 }
 // The tc1 path (the model's decode routing, without cuBLASLt): the one-row tensor-core and staged
 // kernels exist for the MLX int4 formats only; int8 / fp8 take it where quant_wide_kernel is on for
@@ -239,9 +235,11 @@ bool tc1_row_applies(Fmt f, int rows) { return is_int4(f) || wide_takes(f, rows)
 // tc1 must really run when asked for: its launcher records a split, cleared before each launch.
 // quant_staged_kernel must run where its rule takes the launch (tiles: 16-row tiles, SwiGLU's twice;
 // chunks: 128-k chunks per row).
-// wide: the format is one quant_wide_kernel takes, which then must run where its switch takes the rows;
-// int4: an MLX int4 format (the other kernels exist for those only).
-void expect_tc1_ran(QuantGemvPath path, int rows, int tiles, int chunks, bool fused, bool wide, bool int4 = true) {
+// quant_wide_kernel must run where F is a format it takes and its switch takes the rows; the other
+// kernels exist for MLX int4 only.
+template <class F>
+void expect_tc1_ran(QuantGemvPath path, int rows, int tiles, int chunks, bool fused) {
+    constexpr bool wide = qdetail::qwide_format_ok<F>(), int4 = F::kAffine;
     if (path != QuantGemvPath::tc1) return;
     if (wide && rows >= qdetail::qwide_min_rows() && rows <= qdetail::qwide_max_rows_of(int4)) {
         if (qdetail::qwide_last_plan().slices == 0) die(text("quant_wide_kernel declined a launch of %d rows", rows));
@@ -313,7 +311,7 @@ void launch_as(const Ctx& c, const QuantLinearArgs& a, QuantGemvPath path) {
     qdetail::qstaged_last_plan() = {};  // a launch that never reaches the staged kernel prints no stale plan
     qdetail::qwide_last_plan() = {};
     quant_linear<F>(c, a, path);
-    expect_tc1_ran(path, a.rows, (a.n + 15) / 16, a.k / 128, false, wide_format<F>(), F::kAffine);
+    expect_tc1_ran<F>(path, a.rows, (a.n + 15) / 16, a.k / 128, false);
 }
 
 // The tensor-core kernel's K split in the last launch (SCR_CUDA_QUANT_SPLITK, qmma_split): "warps x
@@ -353,6 +351,12 @@ void with_format(Fmt f, const char* who, Fn&& fn) {
             [[fallthrough]];
         default: die(text("%s: no case for format %s", who, name_of(f)));
     }
+}
+
+bool wide_format(Fmt f) {
+    bool ok = false;
+    if (f != Fmt::bf16) with_format<true>(f, "wide_format", [&]<class F>() { ok = qdetail::qwide_format_ok<F>(); });
+    return ok;
 }
 
 void launch(Fmt f, QuantGemvPath path, cudaStream_t st, const QuantLinearArgs& a) {
@@ -1164,7 +1168,7 @@ void launch_fused_as(const Ctx& c, const QuantFusedArgs& a, bool swiglu, QuantGe
         ran = a.norm_w ? qdetail::swiglu_grouped<0, F, true>(c, a.rows, a.mat[0].n, a.k, nullptr, w(0), w(1), tmp, a.mat[0].y, norm)
                        : qdetail::swiglu_grouped<0, F, false>(c, a.rows, a.mat[0].n, a.k, a.x, w(0), w(1), tmp, a.mat[0].y, norm);
         if (!ran) die(text("the grouped SwiGLU path declined %d rows, k = %d", a.rows, a.k));
-        expect_tc1_ran(path, a.rows, 0, 0, true, false);
+        expect_tc1_ran<F>(path, a.rows, 0, 0, true);
         return;
     }
     if (swiglu) ran = a.norm_w ? quant_linear_fused<F, true, true>(c, a, path) : quant_linear_fused<F, true, false>(c, a, path);
@@ -1174,7 +1178,7 @@ void launch_fused_as(const Ctx& c, const QuantFusedArgs& a, bool swiglu, QuantGe
     for (int m = 0; m < a.nmat; ++m) n_total += a.mat[m].n;
     const int tiles = swiglu ? (a.mat[0].n + 15) / 16 * 2 : (n_total + 15) / 16;
     if (!swiglu || a.rows == 1 || a.rows > tc1_rows())
-        expect_tc1_ran(path, a.rows, tiles, a.k / 128, swiglu || a.norm_w, wide_format<F>(), F::kAffine);
+        expect_tc1_ran<F>(path, a.rows, tiles, a.k / 128, swiglu || a.norm_w);
 }
 void launch_fused(Fmt f, cudaStream_t st, const QuantFusedArgs& a, bool swiglu, QuantGemvPath path) {
     Ctx c = ctx_on(st);
