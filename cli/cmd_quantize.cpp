@@ -119,12 +119,15 @@ uint8_t quantize_symmetric(float w, float scale, Format f) {
 // Which tensors a preset quantizes, by the checkpoint producers' rules (compiler/quant/apply.cpp
 // decides the same from the architecture's roles): rank-2 `.weight` tensors — MLX: every Linear and
 // Embedding whose input dim divides by the group size; compressed-tensors: Linear layers except
-// lm_head (embeddings, model.embed_tokens, stay dense).
+// lm_head (embeddings, model.embed_tokens, stay dense). A MoE router (a module named `gate`, as
+// Qwen-MoE's and DeepSeek's `mlp.gate` and Mixtral's `block_sparse_moe.gate`) stays dense under
+// both, as the compiler expects (its role is router, not linear).
 bool quantizes(const QuantPreset& p, const std::string& name, const TensorEntry& e) {
     const std::string suffix = ".weight";
     if (e.shape.size() != 2 || name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix))
         return false;
     const std::string module = name.substr(0, name.size() - suffix.size());
+    if (module == "gate" || (module.size() > 5 && module.compare(module.size() - 5, 5, ".gate") == 0)) return false;
     if (p.format == Format::mlx_affine) return e.shape[1] % p.group_size == 0;
     const bool embedding = module.size() >= 12 && module.compare(module.size() - 12, 12, "embed_tokens") == 0;
     return !embedding && module != "lm_head";

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds Scratchy and runs every test, as CI does (.ci/run calls this):
 #  1. the main build: the tiny test models (f32 + bf16) and the embedded default model, all tests;
-#     1b. tiny-llama with the quantized presets: scr quantize and the quantized kernels end to end;
+#     1b. tiny-llama and tiny-qwen3-moe with the quantized presets: scr quantize and the quantized
+#         kernels end to end;
 #  2. the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer;
 #  3. the spyre target (emulator tests + the expected-to-fail plan) and a CUDA compile check,
 #     when those targets are present in the tree;
@@ -24,9 +25,9 @@ cmake --build build-test -j"$jobs"
 ctest --test-dir build-test --output-on-failure -j"$jobs" --timeout 900
 [ $quick -eq 1 ] && exit 0
 
-echo "== 1b. quantized presets end to end (scr quantize, logits vs the dequantized reference, bad inputs)"
+echo "== 1b. quantized presets end to end (scr quantize, logits vs the dequantized reference, bad inputs; MoE experts too)"
 P=$PWD/tests/quant/presets
-cmake -S . -B build-quant-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DSCR_TESTS=ON -DSCR_MODELS="tiny-llama" \
+cmake -S . -B build-quant-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DSCR_TESTS=ON -DSCR_MODELS="tiny-llama;tiny-qwen3-moe" \
   -DSCR_QUANT="f32;mlx-int4-g32;int8;fp8;fp8-tensor;$P/mlx-int4-g32-kvf32.json;$P/int8-kvf32.json;$P/fp8-kvf32.json"
 cmake --build build-quant-ci -j"$jobs" --target scr scr_quant_kernel_tests scr_quant_compiler_tests
 ctest --test-dir build-quant-ci -L quant --output-on-failure -j"$jobs" --timeout 900

@@ -38,11 +38,31 @@ bool quantizes(const Preset& p, const ir::Tensor& t) {
 
 void apply_preset(ir::Graph& g, const Preset& p) {
     if (!p.quantized()) return;
-    for (auto& op : g.ops)
-        if (op.kind == ir::OpKind::moe || op.kind == ir::OpKind::mla)
-            fail("quant preset {}: the {} op (layer {}) cannot read quantized weights yet; this architecture is "
+    for (auto& op : g.ops) {
+        // MoE: per-expert projections (Qwen3-MoE, Mixtral, DeepSeek's routed experts) are quantized like
+        // any linear, every one of them (a preset that would leave one dense, e.g. an MLX group that does
+        // not divide the expert width, is refused: the experts' kernel reads one format). The router
+        // stays dense, as compressed-tensors MoE recipes keep it (their ignore lists). GPT-OSS's stacked
+        // [E, K, N] experts and MLA are not read quantized yet.
+        const bool stacked_experts = op.kind == ir::OpKind::moe && op.attr.count("layout") && op.attr.at("layout") != 0.0;
+        if (op.kind == ir::OpKind::mla || stacked_experts)
+            fail("quant preset {}: the {} op (layer {}{}) cannot read quantized weights yet; this architecture is "
                  "refused with quantized presets (use a dense preset such as bf16)",
-                 p.name, ir::op_name(op.kind), op.layer);
+                 p.name, ir::op_name(op.kind), op.layer, stacked_experts ? ", stacked experts" : "");
+        if (op.kind == ir::OpKind::moe) {
+            const int experts = int(op.attr.at("experts"));
+            for (int j = 1; j <= 3 * experts; ++j) {
+                const ir::Tensor& t = g.tensors[size_t(op.weights[size_t(j)])];
+                if (!quantizes(p, t))
+                    fail("quant preset {}: expert weight {} (input dim {}) is not quantized by this preset ({}), so layer "
+                         "{}'s experts would mix dense and quantized weights",
+                         p.name, t.name, t.shape.size() > 1 ? t.shape[1] : 0,
+                         p.format == WeightFormat::mlx_affine ? fmt::format("not a multiple of group {}", p.group_size)
+                                                              : std::string("its ignore list"),
+                         op.layer);
+            }
+        }
+    }
     std::vector<ir::Tensor> out;
     std::vector<int> remap(g.tensors.size(), -1);
     for (size_t i = 0; i < g.tensors.size(); ++i) {

@@ -12,7 +12,9 @@ namespace scr::quant {
 //               (mlx-lm's nn.quantize predicate), tied lm_head included (it is the embedding);
 //   compressed-tensors: every Linear weight except the modules of quantization_config.ignore
 //               (default ["lm_head"]); embeddings stay dense.
-// Ops that cannot read quantized weights yet (moe, mla) are refused by name.
+// MoE routers stay dense; per-expert projections are quantized (all of them, or the preset is
+// refused). Ops that cannot read quantized weights yet (mla, GPT-OSS's stacked experts) are refused
+// by name.
 void apply_preset(ir::Graph& g, const Preset& preset);
 
 // The module a weight belongs to: "model.layers.0.mlp.up_proj.weight" -> "model.layers.0.mlp.up_proj".

@@ -86,18 +86,26 @@ private:
 
     std::string rows(int v) const { return g_.values[v].rows == ir::Rows::tokens ? "T" : "R"; }
 
-    // A quantized weight as a kernel view whose template arguments are the preset's constants.
-    std::string quant_view(int tensor, int wbase) {
+    // A quantized weight's kernel view type, whose template arguments are the preset's constants.
+    std::string quant_view_type(int tensor) const {
         const auto& t = g_.tensors[tensor];
         const auto& p = b_.preset;
         const std::string st = ctype(p.scale_dtype);
         const int64_t k = t.logical[1];
-        if (p.format == quant::WeightFormat::mlx_affine)
-            return fmt::format("k::AffineW<{}, {}, {}, {}>{{w<uint32_t>(wl + {}), w<{}>(wl + {}), w<{}>(wl + {})}}", k, p.bits,
-                               p.group_size, st, tensor - wbase, st, t.scales - wbase, st, t.biases - wbase);
+        if (p.format == quant::WeightFormat::mlx_affine) return fmt::format("k::AffineW<{}, {}, {}, {}>", k, p.bits, p.group_size, st);
         const std::string qt = p.packed == DType::i8 ? "int8_t" : "k::fp8e4m3";
-        return fmt::format("k::ChannelW<{}, {}, {}, {}>{{w<{}>(wl + {}), w<{}>(wl + {})}}", k, qt, st,
-                           p.per_tensor ? "true" : "false", qt, tensor - wbase, st, t.scales - wbase);
+        return fmt::format("k::ChannelW<{}, {}, {}, {}>", k, qt, st, p.per_tensor ? "true" : "false");
+    }
+    // A quantized weight as a kernel view over its weight-table entries.
+    std::string quant_view(int tensor, int wbase) const {
+        const auto& t = g_.tensors[tensor];
+        const auto& p = b_.preset;
+        const std::string st = ctype(p.scale_dtype);
+        if (p.format == quant::WeightFormat::mlx_affine)
+            return fmt::format("{}{{w<uint32_t>(wl + {}), w<{}>(wl + {}), w<{}>(wl + {})}}", quant_view_type(tensor), tensor - wbase,
+                               st, t.scales - wbase, st, t.biases - wbase);
+        const std::string qt = p.packed == DType::i8 ? "int8_t" : "k::fp8e4m3";
+        return fmt::format("{}{{w<{}>(wl + {}), w<{}>(wl + {})}}", quant_view_type(tensor), qt, tensor - wbase, st, t.scales - wbase);
     }
 
     // Ops over quantized weights (embed, linear, fused GLUs); "" when the op's weight is dense.
@@ -183,9 +191,15 @@ private:
                                                   attr("scoring") ? "sigmoid" : "softmax", extra("router_bias_index"),
                                                   extra("choice_bias_index"), attr("groups"), attr("topk_groups"),
                                                   float_literal(op.attr.at("scale")));
+                // Quantized experts (compiler/quant/apply.cpp: every expert projection, adjacent to its
+                // scales): moe_quant with the gate / up view type (K = hidden) and the down one (K = ffn).
+                const bool quant_experts = g_.tensors[op.weights[1]].quantized();
+                const std::string kernel = attr("layout") ? "moe_oai" : quant_experts ? "moe_quant" : "moe";
+                const std::string weight_types =
+                    quant_experts ? fmt::format("{}, {}", quant_view_type(op.weights[1]), quant_view_type(op.weights[3])) : wt(1);
                 std::string head = fmt::format("k::{}<{}, {}, {}, {}, {}, {}, {}>({}, {}, {}, {}, {}, {}, S + {}, P, {}",
-                                               attr("layout") ? "moe_oai" : "moe", attr("hidden"), attr("ffn"), attr("experts"),
-                                               attr("top_k"), op.attr.at("normalize") ? "true" : "false", wt(1), wt(0),
+                                               kernel, attr("hidden"), attr("ffn"), attr("experts"),
+                                               attr("top_k"), op.attr.at("normalize") ? "true" : "false", weight_types, wt(0),
                                                rows(in[0]), ptr(in[0]), W(0), experts,
                                                op.residual >= 0 ? ptr(op.residual) : "nullptr", ptr(o0), op.workspace_offset,
                                                routing);

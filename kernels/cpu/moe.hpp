@@ -24,6 +24,7 @@
 #include <limits>
 
 #include "kernels/cpu/linear.hpp"
+#include "kernels/cpu/quant_linear.hpp"
 
 namespace scr::kernels::cpu {
 
@@ -217,6 +218,26 @@ void moe(int rows, const float* x, const RT* router, const void* const* experts,
 }
 
 // GPT-OSS experts: experts = {gate_up [E][H][2F], gate_up_bias [E][2F], down [E][F][H], down_bias [E][H]}.
+// moe over quantized experts (issue 9): expert e's gate, up and down projections are views (QG:
+// K = H, QD: K = F; AffineW or ChannelW, quant_linear.hpp) of the weight table's entries from
+// experts[3 P e], P tensors per projection (its weight, then its scales and MLX biases), as
+// compiler/quant/apply.cpp places them. The router stays dense (RT). Each expert's rows run the
+// quantized linear kernels the dense layers use, so an expert's output is what qlinear_glu and
+// qlinear give for those rows.
+template <int H, int F, int E, int TOPK, bool NORMALIZE, typename QG, typename QD, typename RT>
+void moe_quant(int rows, const float* x, const RT* router, const void* const* experts, const float* residual, float* out,
+               float* ws, ThreadPool& pool, const MoeRouting& routing = {}) {
+    static_assert(QG::kTensors == QD::kTensors, "one format for every expert projection");
+    constexpr int P = QG::kTensors;
+    auto w = detail::moe_work<H, E, TOPK>(ws, rows, 2 * F);
+    detail::moe_route<H, E, TOPK, NORMALIZE>(rows, x, router, routing, w, pool);
+    detail::moe_experts<H, E, TOPK>(rows, x, residual, out, w, [&](int e, int n) {
+        const void* const* t = experts + size_t(3 * P) * size_t(e);
+        qlinear_glu<F, H, Act::silu>(n, w.xg, QG::from(t), QG::from(t + P), w.act, pool);
+        qlinear<H, F>(n, w.act, QD::from(t + 2 * P), nullptr, nullptr, w.yg, pool);
+    });
+}
+
 template <int H, int F, int E, int TOPK, bool NORMALIZE, typename WT, typename RT>
 void moe_oai(int rows, const float* x, const RT* router, const void* const* experts, const float* residual, float* out,
              float* ws, ThreadPool& pool, const MoeRouting& routing, float alpha, float limit) {

@@ -99,9 +99,14 @@ struct AffineW {
     static constexpr int kWords = K * BITS / 32;  // uint32 per row
     static constexpr int kGroups = K / G;
     static constexpr int kGroup = G;
+    static constexpr int kTensors = 3;  // weight, scales, biases: adjacent in the weight table
     const uint32_t* q;
     const ST* scales;
     const ST* biases;
+
+    static AffineW from(const void* const* t) {  // the view of a weight table's entries t[0..2]
+        return {static_cast<const uint32_t*>(t[0]), static_cast<const ST*>(t[1]), static_cast<const ST*>(t[2])};
+    }
 
     const uint8_t* bytes(int64_t n, int k) const {  // the packed byte holding element k of row n
         return reinterpret_cast<const uint8_t*>(q + size_t(n) * kWords) + k / 2;
@@ -118,8 +123,11 @@ template <int K, typename QT, typename ST, bool PER_TENSOR>
 struct ChannelW {
     static constexpr bool kHasTail = K % kLanes != 0;
     static constexpr int kGroup = 0;
+    static constexpr int kTensors = 2;  // weight, scale: adjacent in the weight table
     const QT* q;
     const ST* scales;
+
+    static ChannelW from(const void* const* t) { return {static_cast<const QT*>(t[0]), static_cast<const ST*>(t[1])}; }
 
     float scale(int64_t n) const { return to_f32(scales[PER_TENSOR ? 0 : n]); }
     vf load(int64_t n, int k) const { return vmul(detail::q_to_vf(q + size_t(n) * K + k), vset1(scale(n))); }

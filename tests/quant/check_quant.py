@@ -59,7 +59,8 @@ def reference_quantization(src, preset):
     for name, (dtype, shape, raw) in src.items():
         w = [ref.bf(v) for v in ref.floats(dtype, raw)]
         module = name[:-len(".weight")] if name.endswith(".weight") else None
-        quant = module is not None and len(shape) == 2
+        # A MoE router (a module named gate: Qwen-MoE's mlp.gate) stays dense under every preset.
+        quant = module is not None and len(shape) == 2 and module.split(".")[-1] != "gate"
         if fmt == "mlx-affine":
             quant = quant and shape[1] % spec["group_size"] == 0
         else:

@@ -1,6 +1,7 @@
 // Quant presets and their application to the graph, at the compiler level: every shipped preset
 // parses; malformed ones are an scr::Error naming the field; a quantized preset types the packed
-// weights and adds their scale tensors; MoE / MLA graphs are refused by name.
+// weights and adds their scale tensors; MoE experts are quantized in table order; MLA and stacked
+// experts are refused by name.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -128,8 +129,44 @@ TEST(QuantApply, PackedWeightsAndScaleTensors) {
             EXPECT_EQ(tensor.quantized(), tensor.name.find("down_proj") != std::string::npos) << tensor.name;
 }
 
-TEST(QuantApply, MoeIsRefusedByName) {
-    const std::string e = error_of([] { bind_real("qwen3_moe.scr", "qwen3_moe/tiny-qwen3-moe-h64.json", "mlx-int4-g32"); });
+// MoE experts are quantized, each projection followed by its scales (and biases): the CPU kernel
+// (kernels/cpu/moe.hpp: moe_quant) reads expert e's projection j at the op's first expert weight +
+// (3 e + j) x the tensors per projection, so the table's layout is checked here. The router stays dense.
+TEST(QuantApply, MoeExpertsQuantizedInTableOrder) {
+    for (const char* q : {"mlx-int4-g32", "int8", "fp8-tensor"}) {
+        auto b = bind_real("qwen3_moe.scr", "qwen3_moe/tiny-qwen3-moe.json", q);
+        const auto& t = b.graph.tensors;
+        const int per = std::string(q).rfind("mlx", 0) == 0 ? 3 : 2;
+        int moes = 0;
+        for (auto& op : b.graph.ops) {
+            if (op.kind != ir::OpKind::moe) continue;
+            ++moes;
+            EXPECT_FALSE(t[op.weights[0]].quantized()) << q << ": router " << t[op.weights[0]].name;
+            const int experts = int(op.attr.at("experts")), first = op.weights[1];
+            ASSERT_EQ(experts, 4);
+            for (int e = 0; e < experts; ++e)
+                for (int j = 0; j < 3; ++j) {
+                    const int w = op.weights[size_t(1 + 3 * e + j)];
+                    EXPECT_EQ(w, first + (3 * e + j) * per) << q << ": " << t[w].name;
+                    EXPECT_TRUE(t[w].quantized()) << q << ": " << t[w].name;
+                    EXPECT_EQ(t[w].scales, w + 1) << t[w].name;
+                    EXPECT_EQ(t[w].logical[1], j == 2 ? 64 : 96) << t[w].name;  // down: K = moe_intermediate_size
+                }
+        }
+        EXPECT_EQ(moes, 3) << q;
+    }
+}
+
+TEST(QuantApply, MoeRefusalsNameTheCause) {
+    // g64 does not divide the 96-wide hidden size: the gate / up experts would stay dense.
+    std::string e = error_of([] { bind_real("qwen3_moe.scr", "qwen3_moe/tiny-qwen3-moe.json", "mlx-int4-g64"); });
+    EXPECT_NE(e.find("expert weight model.layers.0.mlp.experts.0.gate_proj.weight"), std::string::npos) << e;
+    EXPECT_NE(e.find("not a multiple of group 64"), std::string::npos) << e;
+    // GPT-OSS's stacked experts and MLA are not read quantized.
+    e = error_of([] { bind_real("gpt_oss.scr", "gpt_oss/tiny-gpt-oss-h64.json", "mlx-int4-g32"); });
     EXPECT_NE(e.find("the moe op"), std::string::npos) << e;
-    EXPECT_NE(e.find("mlx-int4-g32"), std::string::npos) << e;
+    EXPECT_NE(e.find("stacked experts"), std::string::npos) << e;
+    e = error_of([] { bind_real("deepseek_v3.scr", "deepseek_v3/tiny-deepseek-v3-h64.json", "int8"); });
+    EXPECT_NE(e.find("the mla op"), std::string::npos) << e;
+    EXPECT_NE(e.find("int8"), std::string::npos) << e;
 }

@@ -11,12 +11,14 @@
 //    rounding and special blocks, and the fp8 e4m3 decoding table.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/moe.hpp"
 #include "kernels/cpu/quant_linear.hpp"
 
 namespace k = scr::kernels::cpu;
@@ -375,4 +377,142 @@ TEST(QuantKernels, GluAndEmbedding) {
     k::qembed<K>(3, ids, wg, e.data(), pool());
     for (int t = 0; t < 3; ++t)
         for (int c = 0; c < K; ++c) ASSERT_EQ(e[t * K + c], wg.at(ids[t], c));
+}
+
+// ---- MoE over quantized experts (kernels/cpu/moe.hpp: moe_quant) ----
+// The routing, the gather of each expert's rows, the weight table's layout (3 projections x the
+// view's tensors per expert) and the weighted sum are what moe_quant adds to the tested linear
+// kernels. Checked against a float64 reference: the router's softmax, top-k and normalized weights,
+// and the sum residual + sum_j w_j y_j, where y is each chosen expert's output from the linear
+// kernels on that token alone (batch invariant, so the same bits as inside the expert's batch). For
+// int8 / fp8 (f32 activations, exact dequantization) the expert outputs are also checked against
+// float64 on the dequantized weights; MLX int4's linear kernels are held to float64 above.
+namespace {
+
+// One projection's storage, in the form its view reads.
+template <typename QW>
+struct QuantMatrix;
+template <int K, int G>
+struct QuantMatrix<k::AffineW<K, 4, G, bf16_t>> {
+    std::vector<uint32_t> q;
+    std::vector<bf16_t> s, b;
+    QuantMatrix(int n) : q(size_t(n) * K / 8), s(size_t(n) * K / G), b(s.size()) {
+        for (auto& v : q) v = uint32_t(rng()());
+        for (size_t i = 0; i < s.size(); ++i) s[i] = bf16(uniform(0.01f, 0.05f) * (i % 3 ? 1.0f : -1.0f)), b[i] = bf16(uniform(-0.2f, 0.2f));
+    }
+    void table(const void** t) const { t[0] = q.data(), t[1] = s.data(), t[2] = b.data(); }
+};
+template <int K, typename QT, bool PER_TENSOR>
+struct QuantMatrix<k::ChannelW<K, QT, bf16_t, PER_TENSOR>> {
+    std::vector<QT> q;
+    std::vector<bf16_t> s;
+    QuantMatrix(int n) : q(size_t(n) * K), s(PER_TENSOR ? 1 : size_t(n)) {
+        for (auto& v : q) {
+            if constexpr (std::is_same_v<QT, int8_t>) v = int8_t(int(rng()() % 255) - 127);
+            else {
+                uint8_t b = uint8_t(rng()() & 0xf7);  // |v| <= 240, never NaN
+                v = k::fp8e4m3{b};
+            }
+        }
+        for (auto& v : s) v = bf16(uniform(0.002f, 0.02f));
+    }
+    void table(const void** t) const { t[0] = q.data(), t[1] = s.data(); }
+};
+
+template <typename QG, typename QD, int H, int F, int E, int TOPK>
+void moe_quant_case(int rows, bool dequantized_reference) {
+    constexpr int P = QG::kTensors;
+    SCOPED_TRACE(testing::Message() << "moe_quant H=" << H << " F=" << F << " E=" << E << " top-k=" << TOPK << " tensors/projection=" << P);
+    std::vector<QuantMatrix<QG>> gate, up;
+    std::vector<QuantMatrix<QD>> down;
+    std::vector<const void*> table(size_t(3 * P * E));
+    for (int e = 0; e < E; ++e) {
+        gate.emplace_back(F), up.emplace_back(F), down.emplace_back(H);
+    }
+    for (int e = 0; e < E; ++e) {
+        gate[e].table(&table[size_t(3 * P * e)]);
+        up[e].table(&table[size_t(3 * P * e + P)]);
+        down[e].table(&table[size_t(3 * P * e + 2 * P)]);
+    }
+    std::vector<float> router(static_cast<size_t>(E * H));
+    for (auto& v : router) v = uniform(-0.5f, 0.5f);
+    const auto x = random_x(rows, H);
+    std::vector<float> residual(size_t(rows) * H), out(size_t(rows) * H);
+    for (auto& v : residual) v = uniform(-1, 1);
+    std::vector<float> ws(size_t(rows) * (3 * H + 2 * F + E + 2 * TOPK + 2) + 2 * E + 64);
+    k::moe_quant<H, F, E, TOPK, true, QG, QD, float>(rows, x.data(), router.data(), table.data(), residual.data(), out.data(),
+                                                      ws.data(), pool());
+    int used[E] = {};
+    for (int t = 0; t < rows; ++t) {
+        const float* xt = x.data() + size_t(t) * H;
+        double p[E], z = 0, mx = -1e300;
+        for (int e = 0; e < E; ++e) {
+            p[e] = 0;
+            for (int c = 0; c < H; ++c) p[e] += double(xt[c]) * router[size_t(e) * H + c];
+            mx = std::max(mx, p[e]);
+        }
+        for (int e = 0; e < E; ++e) z += (p[e] = std::exp(p[e] - mx));
+        int order[E];
+        for (int e = 0; e < E; ++e) order[e] = e, p[e] /= z;
+        std::sort(order, order + E, [&](int a, int b) { return p[a] > p[b]; });
+        ASSERT_GT(p[order[TOPK - 1]] - p[order[TOPK]], 1e-5) << "token " << t << ": a near tie in the routing (choose another seed)";
+        double wsum = 0;
+        for (int j = 0; j < TOPK; ++j) wsum += p[order[j]];
+        std::vector<double> ref(H), mag(H);
+        for (int c = 0; c < H; ++c) ref[c] = residual[size_t(t) * H + c], mag[c] = std::fabs(ref[c]);
+        for (int j = 0; j < TOPK; ++j) {
+            const int e = order[j];
+            ++used[e];
+            const double wt = p[e] / wsum;
+            const void* const* te = &table[size_t(3 * P * e)];
+            std::vector<float> act(F), y(H);
+            k::qlinear_glu<F, H, k::Act::silu>(1, xt, QG::from(te), QG::from(te + P), act.data(), pool());
+            k::qlinear<H, F>(1, act.data(), QD::from(te + 2 * P), nullptr, nullptr, y.data(), pool());
+            if (dequantized_reference) {  // the expert itself, in float64 on the dequantized weights
+                const QG wg = QG::from(te), wu = QG::from(te + P);
+                const QD wd = QD::from(te + 2 * P);
+                // Bounds: a dot product of length K within K ulps (2^-23 K) of the sum of its |terms|
+                // (expect_close's allowance); silu and the product in f32 add a few ulps of |a|.
+                std::vector<double> a(F), ta(F);
+                for (int f = 0; f < F; ++f) {
+                    double g = 0, u = 0, mg = 0, mu = 0;
+                    for (int c = 0; c < H; ++c) {
+                        g += double(xt[c]) * wg.at(f, c), mg += std::fabs(double(xt[c]) * wg.at(f, c));
+                        u += double(xt[c]) * wu.at(f, c), mu += std::fabs(double(xt[c]) * wu.at(f, c));
+                    }
+                    a[f] = g / (1 + std::exp(-g)) * u;
+                    const double tg = mg * H * 1.2e-7, tu = mu * H * 1.2e-7;
+                    ta[f] = 1.2 * tg * (std::fabs(u) + tu) + (std::fabs(g) + tg) * tu + 1e-6 * std::fabs(a[f]) + 1e-30;
+                    ASSERT_NEAR(act[f], a[f], ta[f]) << "token " << t << " expert " << e << " act " << f;
+                }
+                for (int c = 0; c < H; ++c) {
+                    double yd = 0, ym = 0, carried = 0;
+                    for (int f = 0; f < F; ++f) {
+                        yd += a[f] * wd.at(c, f);
+                        ym += std::fabs(a[f] * wd.at(c, f));
+                        carried += ta[f] * std::fabs(wd.at(c, f));
+                    }
+                    ASSERT_NEAR(y[c], yd, carried + (ym + carried) * F * 1.2e-7 + 1e-30) << "token " << t << " expert " << e << " out " << c;
+                }
+            }
+            for (int c = 0; c < H; ++c) ref[c] += wt * y[c], mag[c] += std::fabs(wt * y[c]);
+        }
+        for (int c = 0; c < H; ++c)
+            ASSERT_NEAR(out[size_t(t) * H + c], ref[c], mag[c] * 4e-6 + 1e-30) << "token " << t << " col " << c;
+    }
+    int experts_used = 0;
+    for (int e = 0; e < E; ++e) experts_used += used[e] > 0;
+    if (rows * TOPK >= 12) {
+        EXPECT_GE(experts_used, 3) << "the case should route tokens to most experts";
+    }
+}
+
+}  // namespace
+
+TEST(QuantKernels, MoeOverQuantizedExperts) {
+    constexpr int H = 64, F = 96, E = 4, TOPK = 2;
+    moe_quant_case<k::AffineW<H, 4, 32, bf16_t>, k::AffineW<F, 4, 32, bf16_t>, H, F, E, TOPK>(9, false);
+    moe_quant_case<k::AffineW<H, 4, 64, bf16_t>, k::AffineW<F, 4, 32, bf16_t>, H, F, E, TOPK>(1, false);
+    moe_quant_case<k::ChannelW<H, int8_t, bf16_t, false>, k::ChannelW<F, int8_t, bf16_t, false>, H, F, E, TOPK>(9, true);
+    moe_quant_case<k::ChannelW<H, k::fp8e4m3, bf16_t, true>, k::ChannelW<F, k::fp8e4m3, bf16_t, true>, H, F, E, TOPK>(6, true);
 }
