@@ -1065,9 +1065,12 @@ private:
         op.attr["scale"] = scale;
         op.attr["alpha"] = alpha;
         op.attr["limit"] = limit;
-        // Scratch for routing and per-expert row groups (see kernels/cpu/moe.hpp for the layout).
+        // Scratch for routing and per-expert row groups, for the most rows of a step: the CPU kernels'
+        // layout (kernels/cpu/moe.hpp: moe_workspace_floats; the generated code asserts this is enough):
+        // per row E logits, 3 K top-k ids / weights / row lists, 3 H (sum, gathered rows, expert output)
+        // and the activations (2F, GPT-OSS 3F); then E + 1 counts.
         const int64_t rows = out_.params.max_batch_tokens;
-        op.workspace = rows * (3 * hidden + (oai ? 3 : 2) * ffn + n_exp + 2 * top_k + 2) + 2 * n_exp + 64;
+        op.workspace = rows * (n_exp + 3 * top_k + 3 * hidden + (oai ? 3 : 2) * ffn) + n_exp + 1;
         op.out = {new_value({hidden}, g().values[x].rows)};
         g().ops.push_back(op);
         return act(op.out[0]);

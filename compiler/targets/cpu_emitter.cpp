@@ -203,6 +203,13 @@ private:
                                                rows(in[0]), ptr(in[0]), W(0), experts,
                                                op.residual >= 0 ? ptr(op.residual) : "nullptr", ptr(o0), op.workspace_offset,
                                                routing);
+                // The plan's workspace must hold the kernel's layout at the most rows of a step: a
+                // build error otherwise, never a write past it.
+                head = fmt::format("static_assert(k::moe_workspace_floats({}, {}, {}, {}, {}) <= {}, \"the moe workspace of layer {} "
+                                   "is smaller than the kernel's layout\"); ",
+                                   b_.params.max_batch_tokens, attr("hidden"), attr("experts"), attr("top_k"),
+                                   (attr("layout") ? 3 : 2) * attr("ffn"), op.workspace, op.layer) +
+                       head;
                 if (attr("layout"))
                     return head + fmt::format(", {}, {});", float_literal(op.attr.at("alpha")), float_literal(op.attr.at("limit")));
                 return head + ");";

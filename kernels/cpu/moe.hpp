@@ -15,7 +15,8 @@
 //
 // Workspace (floats), for R rows: logits R*E | top-k ids R*K | top-k weights R*K | sum R*H |
 // gathered rows R*H | activations R*A | expert output R*H | row lists R*K | counts E+1, where A = 2F
-// (moe) or 3F (moe_oai). The compiler reserves R*(3H + A + E + 2K + 2) + 2E + 64 floats.
+// (moe, moe_quant) or 3F (moe_oai): moe_workspace_floats. The compiler reserves it for the most rows
+// of a step (compiler/bind/binder.cpp), and the generated code asserts that at compile time.
 #pragma once
 
 #include <algorithm>
@@ -73,6 +74,11 @@ void linear_kn(int rows, const float* x, const WT* w, const float* bias, float* 
             }
         },
         1);
+}
+
+// The workspace's floats for `rows` rows (the layout above; moe_work places it).
+constexpr int64_t moe_workspace_floats(int64_t rows, int64_t hidden, int64_t experts, int64_t top_k, int64_t act_width) {
+    return rows * (experts + 3 * top_k + 3 * hidden + act_width) + experts + 1;
 }
 
 namespace detail {
@@ -217,7 +223,6 @@ void moe(int rows, const float* x, const RT* router, const void* const* experts,
     });
 }
 
-// GPT-OSS experts: experts = {gate_up [E][H][2F], gate_up_bias [E][2F], down [E][F][H], down_bias [E][H]}.
 // moe over quantized experts (issue 9): expert e's gate, up and down projections are views (QG:
 // K = H, QD: K = F; AffineW or ChannelW, quant_linear.hpp) of the weight table's entries from
 // experts[3 P e], P tensors per projection (its weight, then its scales and MLX biases), as
@@ -238,6 +243,7 @@ void moe_quant(int rows, const float* x, const RT* router, const void* const* ex
     });
 }
 
+// GPT-OSS experts: experts = {gate_up [E][H][2F], gate_up_bias [E][2F], down [E][F][H], down_bias [E][H]}.
 template <int H, int F, int E, int TOPK, bool NORMALIZE, typename WT, typename RT>
 void moe_oai(int rows, const float* x, const RT* router, const void* const* experts, const float* residual, float* out,
              float* ws, ThreadPool& pool, const MoeRouting& routing, float alpha, float limit) {

@@ -6,12 +6,14 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "compiler/bind/binder.hpp"
 #include "compiler/dsl/parser.hpp"
 #include "compiler/passes/passes.hpp"
 #include "compiler/targets/emit.hpp"
+#include "kernels/cpu/moe.hpp"
 #include "runtime/core/error.hpp"
 
 namespace fs = std::filesystem;
@@ -162,6 +164,36 @@ TEST(Binder, Llama3RopeScalingMatchesTheFormula) {
         }
         EXPECT_NEAR(rope->table[size_t(i)], want, std::abs(want) * 1e-6) << i;
     }
+}
+
+// The scratch the binder reserves for a MoE op holds the CPU kernels' workspace layout
+// (kernels/cpu/moe.hpp: moe_workspace_floats) at the most rows of a step, for every checked-in MoE
+// config: top-k 2 (Mixtral, Qwen3-MoE toys), 4 (GPT-OSS) and 8 (Qwen3-30B-A3B, DeepSeek-V3). The
+// generated code asserts the same at compile time; this test names the config.
+TEST(Binder, MoeWorkspaceHoldsTheCpuKernelsLayout) {
+    int checked = 0;
+    std::set<int64_t> top_ks;
+    for (auto& dir : fs::directory_iterator(kRoot / "models/configs")) {
+        if (!dir.is_directory()) continue;
+        fs::path arch = kRoot / "models/arch" / (dir.path().filename().string() + ".scr");
+        if (!fs::exists(arch)) continue;
+        for (auto& f : fs::directory_iterator(dir.path())) {
+            if (f.path().extension() != ".json") continue;
+            SCOPED_TRACE(f.path().string());
+            auto b = bind_file(arch, read_json(f.path()), "bf16");
+            for (auto& op : b.graph.ops) {
+                if (op.kind != ir::OpKind::moe) continue;
+                auto a = [&](const char* k) { return int64_t(op.attr.at(k)); };
+                const int64_t need = scr::kernels::cpu::moe_workspace_floats(
+                    bind::BuildParams{}.max_batch_tokens, a("hidden"), a("experts"), a("top_k"), (a("layout") ? 3 : 2) * a("ffn"));
+                EXPECT_GE(op.workspace, need) << "layer " << op.layer << ", top-k " << a("top_k");
+                top_ks.insert(a("top_k"));
+                ++checked;
+            }
+        }
+    }
+    EXPECT_GT(checked, 0);
+    EXPECT_TRUE(top_ks.count(8) && top_ks.count(4) && top_ks.count(2)) << "the configs should cover top-k 2, 4 and 8";
 }
 
 // Every real architecture binds against every config of its folder, and after fusion and
