@@ -166,13 +166,10 @@ TEST(Binder, Llama3RopeScalingMatchesTheFormula) {
     }
 }
 
-// The scratch the binder reserves for a MoE op holds the CPU kernels' workspace layout
-// (kernels/cpu/moe.hpp: moe_workspace_floats) at the most rows of a step, for every checked-in MoE
-// config: top-k 2 (Mixtral, Qwen3-MoE toys), 4 (GPT-OSS) and 8 (Qwen3-30B-A3B, DeepSeek-V3). The
-// generated code asserts the same at compile time; this test names the config.
-TEST(Binder, MoeWorkspaceHoldsTheCpuKernelsLayout) {
-    int checked = 0;
-    std::set<int64_t> top_ks;
+// Binds every checked-in config (models/configs/<arch>/*.json) against its architecture with the
+// bf16 preset and hands the result to fn, under a trace naming the config.
+template <class Fn>
+void for_each_checked_in_config(Fn&& fn) {
     for (auto& dir : fs::directory_iterator(kRoot / "models/configs")) {
         if (!dir.is_directory()) continue;
         fs::path arch = kRoot / "models/arch" / (dir.path().filename().string() + ".scr");
@@ -181,17 +178,29 @@ TEST(Binder, MoeWorkspaceHoldsTheCpuKernelsLayout) {
             if (f.path().extension() != ".json") continue;
             SCOPED_TRACE(f.path().string());
             auto b = bind_file(arch, read_json(f.path()), "bf16");
-            for (auto& op : b.graph.ops) {
-                if (op.kind != ir::OpKind::moe) continue;
-                auto a = [&](const char* k) { return int64_t(op.attr.at(k)); };
-                const int64_t need = scr::kernels::cpu::moe_workspace_floats(
-                    bind::BuildParams{}.max_batch_tokens, a("hidden"), a("experts"), a("top_k"), (a("layout") ? 3 : 2) * a("ffn"));
-                EXPECT_GE(op.workspace, need) << "layer " << op.layer << ", top-k " << a("top_k");
-                top_ks.insert(a("top_k"));
-                ++checked;
-            }
+            fn(b);
         }
     }
+}
+
+// The scratch the binder reserves for a MoE op holds the CPU kernels' workspace layout
+// (kernels/cpu/moe.hpp: moe_workspace_floats) at the most rows of a step, for every checked-in MoE
+// config: top-k 2 (Mixtral, Qwen3-MoE toys), 4 (GPT-OSS) and 8 (Qwen3-30B-A3B, DeepSeek-V3). The
+// generated code asserts the same at compile time; this test names the config.
+TEST(Binder, MoeWorkspaceHoldsTheCpuKernelsLayout) {
+    int checked = 0;
+    std::set<int64_t> top_ks;
+    for_each_checked_in_config([&](bind::Bound& b) {
+        for (auto& op : b.graph.ops) {
+            if (op.kind != ir::OpKind::moe) continue;
+            auto a = [&](const char* k) { return int64_t(op.attr.at(k)); };
+            const int64_t need = scr::kernels::cpu::moe_workspace_floats(bind::BuildParams{}.max_batch_tokens, a("hidden"), a("experts"),
+                                                                         a("top_k"), (a("layout") ? 3 : 2) * a("ffn"));
+            EXPECT_GE(op.workspace, need) << "layer " << op.layer << ", top-k " << a("top_k");
+            top_ks.insert(a("top_k"));
+            ++checked;
+        }
+    });
     EXPECT_GT(checked, 0);
     EXPECT_TRUE(top_ks.count(8) && top_ks.count(4) && top_ks.count(2)) << "the configs should cover top-k 2, 4 and 8";
 }
@@ -200,46 +209,38 @@ TEST(Binder, MoeWorkspaceHoldsTheCpuKernelsLayout) {
 // planning no two values that are live at the same time share scratch bytes.
 TEST(Plan, LiveValuesNeverOverlapForEveryCheckedInConfig) {
     int checked = 0;
-    for (auto& dir : fs::directory_iterator(kRoot / "models/configs")) {
-        if (!dir.is_directory()) continue;
-        fs::path arch = kRoot / "models/arch" / (dir.path().filename().string() + ".scr");
-        if (!fs::exists(arch)) continue;
-        for (auto& f : fs::directory_iterator(dir.path())) {
-            if (f.path().extension() != ".json") continue;
-            SCOPED_TRACE(f.path().string());
-            auto b = bind_file(arch, read_json(f.path()), "bf16");
-            passes::fuse(b.graph);
-            passes::plan_memory(b.graph, 64, 16);
-            const auto& g = b.graph;
-            // Live interval of each storage region: [def, last use].
-            std::vector<int> def(g.values.size(), -1), last(g.values.size(), -1);
-            for (size_t i = 0; i < g.ops.size(); ++i) {
-                for (int v : g.ops[i].out) def[v] = int(i);
-                for (int v : g.ops[i].in) last[v] = int(i);
-                if (g.ops[i].residual >= 0) last[g.ops[i].residual] = int(i);
-            }
-            last[g.output] = int(g.ops.size());
-            auto rows = [&](const ir::Value& v) { return v.rows == ir::Rows::tokens ? 64 : 16; };
-            for (size_t a = 0; a < g.values.size(); ++a)
-                for (size_t c = a + 1; c < g.values.size(); ++c) {
-                    const auto &va = g.values[a], &vc = g.values[c];
-                    if (def[a] < 0 || def[c] < 0 || int(a) == g.output || int(c) == g.output) continue;
-                    if (va.alias_of == int(c) || vc.alias_of == int(a)) continue;
-                    // Overlapping lifetimes (a value is written at def, read until last).
-                    bool live_together = def[a] < std::max(last[c], def[c]) && def[c] < std::max(last[a], def[a]);
-                    if (!live_together) continue;
-                    int64_t a0 = va.offset, a1 = a0 + rows(va) * va.width();
-                    int64_t c0 = vc.offset, c1 = c0 + rows(vc) * vc.width();
-                    bool chain = false;  // in-place chains share storage by design
-                    for (int x = int(c); x >= 0 && !chain; x = g.values[x].alias_of) chain = x == int(a);
-                    for (int x = int(a); x >= 0 && !chain; x = g.values[x].alias_of) chain = x == int(c);
-                    if (chain) continue;
-                    EXPECT_TRUE(a1 <= c0 || c1 <= a0) << "values " << a << " and " << c << " overlap";
-                }
-            EXPECT_GT(g.scratch_floats, 0);
-            ++checked;
+    for_each_checked_in_config([&](bind::Bound& b) {
+        passes::fuse(b.graph);
+        passes::plan_memory(b.graph, 64, 16);
+        const auto& g = b.graph;
+        // Live interval of each storage region: [def, last use].
+        std::vector<int> def(g.values.size(), -1), last(g.values.size(), -1);
+        for (size_t i = 0; i < g.ops.size(); ++i) {
+            for (int v : g.ops[i].out) def[v] = int(i);
+            for (int v : g.ops[i].in) last[v] = int(i);
+            if (g.ops[i].residual >= 0) last[g.ops[i].residual] = int(i);
         }
-    }
+        last[g.output] = int(g.ops.size());
+        auto rows = [&](const ir::Value& v) { return v.rows == ir::Rows::tokens ? 64 : 16; };
+        for (size_t a = 0; a < g.values.size(); ++a)
+            for (size_t c = a + 1; c < g.values.size(); ++c) {
+                const auto &va = g.values[a], &vc = g.values[c];
+                if (def[a] < 0 || def[c] < 0 || int(a) == g.output || int(c) == g.output) continue;
+                if (va.alias_of == int(c) || vc.alias_of == int(a)) continue;
+                // Overlapping lifetimes (a value is written at def, read until last).
+                bool live_together = def[a] < std::max(last[c], def[c]) && def[c] < std::max(last[a], def[a]);
+                if (!live_together) continue;
+                int64_t a0 = va.offset, a1 = a0 + rows(va) * va.width();
+                int64_t c0 = vc.offset, c1 = c0 + rows(vc) * vc.width();
+                bool chain = false;  // in-place chains share storage by design
+                for (int x = int(c); x >= 0 && !chain; x = g.values[x].alias_of) chain = x == int(a);
+                for (int x = int(a); x >= 0 && !chain; x = g.values[x].alias_of) chain = x == int(c);
+                if (chain) continue;
+                EXPECT_TRUE(a1 <= c0 || c1 <= a0) << "values " << a << " and " << c << " overlap";
+            }
+        EXPECT_GT(g.scratch_floats, 0);
+        ++checked;
+    });
     EXPECT_GE(checked, 4);
 }
 

@@ -1040,6 +1040,7 @@ int host_selftest() {
     ebad += check_emulation<qdetail::Fp8E4M3<bf16_t, false>>(Fmt::fp8, 320, 5, worst);
     ebad += check_emulation<qdetail::Fp8E4M3<bf16_t, true>>(Fmt::fp8_tensor, 192, 6, worst);
     // The negative control must fail for every format (the check sees a k permutation error).
+    constexpr int kWarpControls = 6;
     double unused = 0.0;
     control += check_emulation<qdetail::MlxInt4<32, bf16_t>>(Fmt::int4_g32, 512, 1, unused, true) > 0;
     control += check_emulation<qdetail::MlxInt4<64, bf16_t>>(Fmt::int4_g64, 512, 2, unused, true) > 0;
@@ -1048,9 +1049,9 @@ int host_selftest() {
     control += check_emulation<qdetail::Fp8E4M3<bf16_t, false>>(Fmt::fp8, 320, 5, unused, true) > 0;
     control += check_emulation<qdetail::Fp8E4M3<bf16_t, true>>(Fmt::fp8_tensor, 192, 6, unused, true) > 0;
     std::printf("host selftest (tensor-core warp emulated, int4 g32/g64/g128 + int8 + fp8 channel/tensor, 16 rows x 8 tokens, "
-                "against float64, bound 2e-5 B + 1e-6): worst err/bound %.3g, %d wrong; negative control caught %d/6: %s\n",
-                worst, ebad, control, ebad == 0 && control == 6 ? "ok" : "FAILED");
-    // quant_wide_kernel's data path (int8 / fp8: off by default until it runs on a GPU): 40 rows (warps 2-7
+                "against float64, bound 2e-5 B + 1e-6): worst err/bound %.3g, %d wrong; negative control caught %d/%d: %s\n",
+                worst, ebad, control, kWarpControls, ebad == 0 && control == kWarpControls ? "ok" : "FAILED");
+    // quant_wide_kernel's data path (int8 / fp8 too, off by default): 40 rows (warps 2-7
     // clamp to the last row), 37 real tokens of the 64-token tile, 3 chunks; g32 and g64. The
     // SwiGLU row map sends a lane's gate and up tiles to the same output rows, every row once.
     double wworst = 0.0;
@@ -1134,7 +1135,7 @@ int host_selftest() {
     block_is("8B down", false, 4096, 14336, {16, 8, 2});
     block_is("8B lm_head", false, 128256, 4096, {8, 1, 8});
     std::printf("host selftest (one-row block shapes, 10 Llama launches): %d wrong: %s\n", bbad, bbad ? "FAILED" : "ok");
-    return bad || xbad || ebad || control != 6 || wbad || wcontrol != kWideControls || sbad || bbad ? 1 : 0;
+    return bad || xbad || ebad || control != kWarpControls || wbad || wcontrol != kWideControls || sbad || bbad ? 1 : 0;
 }
 
 }  // namespace
