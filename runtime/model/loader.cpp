@@ -159,7 +159,8 @@ LoadedModel load_model(const std::string& arg, const LoadOptions& options) {
     // The huge-page copy speeds up CPU kernels streaming the weights; another target uploads them
     // once from the mapping, and a copy first would only double the start-up time.
     const bool huge_pages = options.huge_pages && lm.entry->info->target == "cpu";
-    lm.weights = std::make_unique<WeightSet>(lm.entry->info->tensors, checkpoint, lm.entry->info->stem, huge_pages);
+    lm.weights = std::make_unique<WeightSet>(lm.entry->info->tensors, checkpoint, lm.entry->info->stem, huge_pages,
+                                             mlx_router_overrides(checkpoint_quantization(lm.config)));
     lm.model = lm.entry->create(*lm.weights, ThreadPool::global());
     lm.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return lm;

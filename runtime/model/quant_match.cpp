@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "runtime/weights/mlx_layout.hpp"
+
 namespace scr {
 
 using nlohmann::json;
@@ -49,13 +51,14 @@ std::string quant_difference(const json& ck, std::string_view preset_json, std::
                 return fmt::format("weights.{} is {} in the checkpoint but {} in preset {}", k, field(*h, k), field(*w, k), name);
         return "";
     }
-    // MLX: {"group_size": G, "bits": B} (optionally "mode": "affine"); per-module overrides are refused.
+    // MLX: {"group_size": G, "bits": B} (optionally "mode": "affine"), plus router overrides.
     if (ck.contains("quant_method"))
         return fmt::format("the checkpoint's quant_method is {} but preset {} is MLX affine", ck["quant_method"].dump(), name);
+    // Per-module overrides: only MoE routers (mlx-lm's qwen3_moe quantizes mlp.gate at 8 bits), which the
+    // plan keeps dense and the loader dequantizes (runtime/weights/mlx_layout.hpp).
     for (auto& [k, v] : ck.items())
         if (k != "group_size" && k != "bits" && k != "mode")
-            return fmt::format("the checkpoint's quantization block has \"{}\" (per-module overrides are not supported by preset {})",
-                               k, name);
+            if (std::string why = mlx_override_refusal(k, v); !why.empty()) return fmt::format("{}; preset {}", why, name);
     if (ck.contains("mode") && ck["mode"] != "affine")
         return fmt::format("quantization mode {} is not MLX affine (preset {})", ck["mode"].dump(), name);
     for (const char* k : {"bits", "group_size"})

@@ -1,6 +1,8 @@
 // The weights of one compiled specialization, checked against its plan: every tensor's name,
 // shape and dtype. A tensor whose dtype the preset shares is a pointer into the mapped file (no
-// copy); any other is converted once at load into an aligned buffer.
+// copy); any other is converted once at load into an aligned buffer. mlx-lm's layout is read too
+// (runtime/weights/mlx_layout.hpp): a per-expert tensor from its slice of the stacked
+// `switch_mlp` tensor, and a router the file quantizes (an override) dequantized into the plan's dtype.
 #pragma once
 
 #include <filesystem>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "runtime/model/compiled_model.hpp"
+#include "runtime/weights/mlx_layout.hpp"
 #include "runtime/weights/safetensors.hpp"
 
 namespace scr {
@@ -41,8 +44,9 @@ public:
     // weights about 1.4x faster from huge pages, which is worth a one-time copy for serving.
     // Skipped (the file stays mapped with no copy) below kMinHugePageCopyBytes of mapped weights,
     // where a step is dominated by other costs, and when transparent huge pages are disabled.
+    // routers: the checkpoint's MLX router overrides (mlx_router_overrides), dequantized at load.
     WeightSet(std::span<const TensorSpec> specs, std::shared_ptr<Checkpoint> checkpoint, std::string_view model_name,
-              bool huge_pages = false);
+              bool huge_pages = false, const MlxRouterOverrides& routers = {});
     ~WeightSet();
     const void* data(size_t index) const { return ptrs_[index]; }
     size_t size() const { return ptrs_.size(); }
@@ -53,9 +57,10 @@ public:
     static bool transparent_huge_pages_available();
 
 private:
-    void copy_mapped_to_huge_pages(std::span<const TensorSpec> specs);
+    void copy_mapped_to_huge_pages();
     std::shared_ptr<Checkpoint> checkpoint_;
     std::vector<const void*> ptrs_;
+    std::vector<size_t> mapped_size_;  // per tensor: its bytes when ptrs_ points into the file, else 0
     std::vector<void*> owned_;
     int64_t mapped_bytes_ = 0, converted_bytes_ = 0, huge_bytes_ = 0;
     void* huge_ = nullptr;

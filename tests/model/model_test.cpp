@@ -279,6 +279,22 @@ TEST(Selection, MutatedConfigsNeverCrash) {
     }
     // The keys the plan depends on are named when a mutation changes them.
     EXPECT_GE(refused_by_name, 10 * int(replacements.size()) / 2);
+    // An MLX quantization block with a router override (mlx_layout.hpp): every field of the block
+    // and of the override replaced by each value.
+    auto quantized = base;
+    quantized["quantization"] = {{"group_size", 32}, {"bits", 4}, {"model.layers.0.mlp.gate", {{"group_size", 32}, {"bits", 8}}}};
+    for (const auto& r : replacements) {
+        for (const char* key : {"group_size", "bits", "model.layers.0.mlp.gate", "model.layers.1.mlp.gate", "lm_head"}) {
+            auto cfg = quantized;
+            cfg["quantization"][key] = r;
+            run(cfg.dump());
+        }
+        for (const char* key : {"group_size", "bits", "mode"}) {
+            auto cfg = quantized;
+            cfg["quantization"]["model.layers.0.mlp.gate"][key] = r;
+            run(cfg.dump());
+        }
+    }
     std::mt19937 rng(7);
     const std::string text = base.dump();
     for (int i = 0; i < 3000; ++i) {

@@ -10,6 +10,14 @@
                                          tolerance * max |logit| at every position (TOLERANCE below:
                                          fp32 rounding for int8/fp8, the int8 activation rounding for
                                          MLX int4) and the same top-1 wherever its margin is clear.
+  mlx_layout SCR FIXTURE WORK PRESET     (MoE fixture, MLX preset) mlx-lm's layout of the same checkpoint:
+                                         experts stacked as mlp.switch_mlp.{proj} [E, ...] and each
+                                         router quantized at 8 bits (a per-module override, as mlx-lm's
+                                         qwen3_moe writes) -> `scr logits` bit-identical to the
+                                         per-expert checkpoint with each router replaced by its f32
+                                         dequantization (the reference's); and bad stacked checkpoints
+                                         (an expert short, an override of another module, 3-bit
+                                         router) -> a message naming the tensor or override.
   errors    SCR FIXTURE WORK             bad checkpoints: wrong group size, truncated packed tensor,
                                          missing scales, dense checkpoint for a quantized preset ->
                                          non-zero exit and a message naming the problem.
@@ -186,19 +194,106 @@ def cmd_logits(scr, fixture, work, presets):
     return failed
 
 
-def rewrite(qdir, work, name, edit_tensors=None, edit_config=None):
+def rewrite(qdir, work, name, edit_tensors=None, edit_config=None, tensors=None):
     bad = os.path.join(work, name)
     shutil.rmtree(bad, ignore_errors=True)
     shutil.copytree(qdir, bad)
-    if edit_tensors:
-        t = ref.read_safetensors(os.path.join(bad, "model.safetensors"))
-        edit_tensors(t)
+    if edit_tensors or tensors is not None:
+        t = tensors if tensors is not None else ref.read_safetensors(os.path.join(bad, "model.safetensors"))
+        if edit_tensors:
+            edit_tensors(t)
         ref.write_safetensors(os.path.join(bad, "model.safetensors"), t)
     if edit_config:
         cfg = json.load(open(os.path.join(bad, "config.json")))
         edit_config(cfg)
         json.dump(cfg, open(os.path.join(bad, "config.json"), "w"))
     return bad
+
+
+ROUTER_BITS = 8
+
+
+def mlx_lm_layout(qdir, work, name, group, drop_last_expert=False):
+    """The mlx-lm layout of per-expert checkpoint qdir (mlx-lm's sanitize, then nn.quantize with
+    qwen3_moe's quant_predicate): experts stacked, routers quantized at ROUTER_BITS (group `group`,
+    recorded as overrides). Returns (folder, {router module: its f32 dequantized values})."""
+    t = ref.read_safetensors(os.path.join(qdir, "model.safetensors"))
+    stacks, routers = {}, {}
+    for key in sorted(t):
+        parts = key.split(".")
+        if "experts" in parts:
+            i = parts.index("experts")
+            stacked = ".".join(parts[:i] + ["switch_mlp"] + parts[i + 2:])
+            stacks.setdefault(stacked, {})[int(parts[i + 1])] = t.pop(key)
+    for stacked, by_expert in stacks.items():
+        experts = [by_expert[e] for e in sorted(by_expert)]
+        if drop_last_expert:
+            experts = experts[:-1]
+        dtype, shape, _ = experts[0]
+        t[stacked] = (dtype, [len(experts)] + shape, b"".join(raw for _, _, raw in experts))
+    overrides = {}
+    for key in sorted(k for k in t if k.endswith(".mlp.gate.weight")):
+        module = key[:-len(".weight")]
+        dtype, (n, k), raw = t[key]
+        w = [ref.bf(v) for v in ref.floats(dtype, raw)]
+        words, scales, biases = ref.mlx_quantize(w, n, k, group, ROUTER_BITS)
+        t[key] = ("U32", [n, k * ROUTER_BITS // 32], struct.pack("<%dI" % len(words), *words))
+        t[module + ".scales"] = ("BF16", [n, k // group], ref.bf16_bytes(scales))
+        t[module + ".biases"] = ("BF16", [n, k // group], ref.bf16_bytes(biases))
+        routers[module] = (n, k, ref.mlx_dequantize(words, scales, biases, n, k, group, ROUTER_BITS), w)
+        overrides[module] = {"group_size": group, "bits": ROUTER_BITS}
+
+    def edit(c):
+        for block in ("quantization", "quantization_config"):
+            c[block].update(overrides)
+    return rewrite(qdir, work, name, edit_config=edit, tensors=t), routers
+
+
+def cmd_mlx_layout(scr, fixture, work, presets):
+    failed = 0
+    for preset in presets:
+        qdir = quantize(scr, fixture, work, preset)
+        stacked, routers = mlx_lm_layout(qdir, work, preset + "-mlx-lm", 32)
+        names = ref.read_safetensors(os.path.join(stacked, "model.safetensors"))
+        n_stacked = sum(".switch_mlp." in k for k in names)
+        moved = sum(sum(a != b for a, b in zip(dq, w)) for _, _, dq, w in routers.values())
+
+        def dequantized_routers(t):
+            for module, (n, k, dq, _) in routers.items():
+                t[module + ".weight"] = ("F32", [n, k], ref.f32_bytes(dq))
+        want_dir = rewrite(qdir, work, preset + "-routers-f32", edit_tensors=dequantized_routers)
+        got, want = logits(scr, stacked, preset + "-kvf32"), logits(scr, want_dir, preset + "-kvf32")
+        dense = logits(scr, qdir, preset + "-kvf32")
+        ok = got == want and n_stacked > 0 and moved > 0 and got != dense
+        print("%s mlx_layout %-12s %d stacked tensors, %d routers at %d bits (%d router weights moved by the rounding): "
+              "logits %s the per-expert checkpoint's with the f32-dequantized routers (%s the dense routers')"
+              % ("ok  " if ok else "FAIL", preset, n_stacked, len(routers), ROUTER_BITS, moved,
+                 "bit-identical to" if got == want else "DIFFER from", "differ from" if got != dense else "SAME AS"))
+        failed += not ok
+        short, _ = mlx_lm_layout(qdir, work, preset + "-mlx-lm-short", 32, drop_last_expert=True)
+
+        def other_override(c):
+            c["quantization"]["model.layers.0.self_attn.q_proj"] = {"group_size": 32, "bits": 8}
+            c["quantization_config"] = c["quantization"]
+
+        def three_bits(c):
+            c["quantization"]["model.layers.0.mlp.gate"] = {"group_size": 32, "bits": 3}
+            c["quantization_config"] = c["quantization"]
+        cases = [
+            ("stacked experts one short", short, ["model.layers.0.mlp.switch_mlp.", "holds 3 experts", "expert 3"]),
+            ("override of a non-router module", rewrite(stacked, work, "bad-override", edit_config=other_override),
+             ["model.layers.0.self_attn.q_proj", "override"]),
+            ("3-bit router", rewrite(stacked, work, "bad-router-bits", edit_config=three_bits), ["model.layers.0.mlp.gate", "bits 3"]),
+        ]
+        for what, model, words in cases:
+            p = run([scr, "logits", model, "--ids", IDS, "--quant", preset + "-kvf32"], expect_ok=False)
+            msg = p.stderr.strip()
+            bad_ok = p.returncode != 0 and all(x in msg for x in words) and "Segmentation" not in msg
+            print("%s error: %-36s exit %d: %s" % ("ok  " if bad_ok else "FAIL", what, p.returncode, msg.splitlines()[0] if msg else "(no message)"))
+            if not bad_ok:
+                print("     expected the words %s in:\n%s" % (words, msg))
+            failed += not bad_ok
+    return failed
 
 
 def cmd_errors(scr, fixture, work):
@@ -247,6 +342,8 @@ def main():
         failed = cmd_logits(scr, fixture, work, presets)
     elif what == "errors":
         failed = cmd_errors(scr, fixture, work)
+    elif what == "mlx_layout":
+        failed = cmd_mlx_layout(scr, fixture, work, presets)
     else:
         print(__doc__)
         return 2

@@ -127,10 +127,11 @@ def e4m3_encode(x):
 
 
 # --- quantizers (inputs already bf16 values) ---
-def mlx_group(w):
+def mlx_group(w, bits=4):
+    top = float((1 << bits) - 1)
     w_max, w_min = max(w), min(w)
     mask = abs(w_min) > abs(w_max)
-    scale = max(bf(bf(w_max - w_min) / 15.0), bf(1e-7))
+    scale = max(bf(bf(w_max - w_min) / top), bf(1e-7))
     if not mask:
         scale = -scale
     edge = w_min if mask else w_max
@@ -138,25 +139,35 @@ def mlx_group(w):
     if q0 != 0:
         scale = bf(edge / q0)
     bias = edge if q0 != 0 else 0.0
-    q = [int(min(max(round_half_even(bf(bf(v - bias) / scale)), 0.0), 15.0)) for v in w]
+    q = [int(min(max(round_half_even(bf(bf(v - bias) / scale)), 0.0), top)) for v in w]
     return q, scale, bias
 
 
-def mlx_quantize(w, n, k, g):
+def mlx_quantize(w, n, k, g, bits=4):
+    """MLX affine quantization of an [n, k] bf16 matrix: (uint32 words, scales, biases), element 0
+    of each word in its low bits (bits 4 or 8: 8 or 4 elements per word)."""
+    per = 32 // bits
     words, scales, biases = [], [], []
     for r in range(n):
         row_q = []
         for gi in range(k // g):
-            q, s, b = mlx_group(w[r * k + gi * g:r * k + (gi + 1) * g])
+            q, s, b = mlx_group(w[r * k + gi * g:r * k + (gi + 1) * g], bits)
             row_q += q
             scales.append(s)
             biases.append(b)
-        for i in range(0, k, 8):
+        for i in range(0, k, per):
             word = 0
-            for j in range(8):
-                word |= row_q[i + j] << (4 * j)
+            for j in range(per):
+                word |= row_q[i + j] << (bits * j)
             words.append(word)
     return words, scales, biases
+
+
+def mlx_dequantize(words, scales, biases, n, k, g, bits):
+    """The f32 values of an MLX affine matrix: f32(scale * q + bias) per element, in float64 first."""
+    per, mask = 32 // bits, (1 << bits) - 1
+    return [f32(scales[r * (k // g) + c // g] * ((words[r * (k // per) + c // per] >> (bits * (c % per))) & mask)
+                + biases[r * (k // g) + c // g]) for r in range(n) for c in range(k)]
 
 
 def symmetric_scale(w, half):
