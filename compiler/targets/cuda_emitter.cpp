@@ -74,18 +74,20 @@ public:
         o += info_tables(b_, sizes_, "cuda");
         o += rope_tables();
         o += kv_tables();
-        int64_t moe_ws = 0;
+        // The MoE workspace as an expression the kernels' header evaluates (kernels/cuda/moe.cuh:
+        // moe_workspace_floats per MoE op, at the most rows of a step), so the layout has one definition.
+        std::set<std::string> moe_terms;
+        auto attr = [](const ir::Op& op, const char* k) { return int64_t(op.attr.at(k)); };
         for (auto& op : g_.ops)
-            if (op.kind == ir::OpKind::moe) {
-                const int64_t e = int64_t(op.attr.at("experts")), k = int64_t(op.attr.at("top_k"));
-                const int64_t f = int64_t(op.attr.at("ffn")), h = int64_t(op.attr.at("hidden"));
-                // kernels/cuda/moe.cuh: moe_workspace_floats (the grouping scratch: moe_group_floats)
-                const int64_t r = b_.params.max_batch_tokens, pairs = r * k;
-                moe_ws = std::max(moe_ws, r * (e + 2 * k + k * f + k * h) + 64 + pairs + 8 + 4 * (pairs + e));
-            }
+            if (op.kind == ir::OpKind::moe)
+                moe_terms.insert(fmt::format("k::moe_workspace_floats<{}, {}, {}, {}>({})", attr(op, "hidden"), attr(op, "ffn"),
+                                             attr(op, "experts"), attr(op, "top_k"), b_.params.max_batch_tokens));
         for (auto& op : g_.ops)  // gate and up rows of a quantized SwiGLU (kernels/cuda/quant_ops.cuh)
             if (op.kind == ir::OpKind::linear_swiglu && quantized_op(op))
-                moe_ws = std::max(moe_ws, 2 * b_.params.max_batch_tokens * int64_t(op.attr.at("n")));
+                moe_terms.insert(std::to_string(2 * b_.params.max_batch_tokens * int64_t(op.attr.at("n"))));
+        const std::string moe_ws = moe_terms.empty()       ? std::string("0")
+                                   : moe_terms.size() == 1 ? *moe_terms.begin()
+                                                           : fmt::format("std::max<int64_t>({{{}}})", fmt::join(moe_terms, ", "));
         // The decode attention's context split (kernels/cuda/attention.cuh: attention_workspace_floats),
         // as an expression the kernels' header evaluates. Its layout (tickets, then partials) is set
         // by one shape: a model whose attention ops differ in query heads or head size gets no
