@@ -287,21 +287,30 @@ __device__ __forceinline__ void split_pair(float a, float b, uint32_t& hi, uint3
 }
 
 // Launches `kernel` on the step's stream with `smem` bytes of dynamic shared memory, as a
-// programmatic dependent of the previous kernel when the context asks for it (Ctx::pdl). Every
-// kernel launched through here calls pdl_wait().
+// programmatic dependent of the previous kernel when the context asks for it (Ctx::pdl), in
+// clusters of `cluster_z` blocks along z when that is above 1 (the split-K kernels' meeting).
+// Every kernel launched through here calls pdl_wait(). Returns the launch's error, unconsumed.
 template <typename... Params, typename... Args>
-void launch_smem(const Ctx& c, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
+cudaError_t launch_ex(const Ctx& c, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, int cluster_z, Args&&... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c.stream;
-    cudaLaunchAttribute attr[1];
+    cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = c.pdl ? 1 : 0;
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = 1;
+    attr[1].val.clusterDim.y = 1;
+    attr[1].val.clusterDim.z = unsigned(cluster_z > 1 ? cluster_z : 1);
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+    cfg.numAttrs = cluster_z > 1 ? 2 : 1;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+template <typename... Params, typename... Args>
+void launch_smem(const Ctx& c, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
+    launch_ex(c, kernel, grid, block, smem, 1, std::forward<Args>(args)...);
 }
 template <typename... Params, typename... Args>
 void launch(const Ctx& c, void (*kernel)(Params...), dim3 grid, dim3 block, Args&&... args) {

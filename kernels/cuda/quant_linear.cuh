@@ -1007,20 +1007,8 @@ void launch_quant_mma(const Ctx& c, const QuantFusedArgs& a) {
                                                              : qmma_resident_warps<F, SWIGLU, NORM>();
     const QMmaSplit s = qmma_split(row_tiles, a.k / F::kMmaChunk, mode, resident);
     qmma_last_split() = s;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(ceil_div(a.rows, TN * 8), row_tiles, s.blocks);
-    cfg.blockDim = dim3(s.warps * kWarp);
-    cfg.stream = c.stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = c.pdl ? 1 : 0;
-    attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = 1;
-    attr[1].val.clusterDim.y = 1;
-    attr[1].val.clusterDim.z = s.blocks;
-    cfg.attrs = attr;
-    cfg.numAttrs = s.blocks > 1 ? 2 : 1;
-    cudaLaunchKernelEx(&cfg, quant_mma_kernel<F, TN, SWIGLU, NORM>, a);
+    launch_ex(c, quant_mma_kernel<F, TN, SWIGLU, NORM>, dim3(ceil_div(a.rows, TN * 8), row_tiles, s.blocks), dim3(s.warps * kWarp), 0,
+              s.blocks, a);
 }
 
 template <class F, bool SWIGLU, bool NORM>

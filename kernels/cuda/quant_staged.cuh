@@ -584,24 +584,10 @@ bool launch_quant_staged_tn(const Ctx& c, const QuantFusedArgs& a, const QStaged
     // At most the plan's 16-row bytes, which fit (qstaged_choose); the attribute is set once.
     const size_t smem = qstaged_smem(sc, TN, SWIGLU ? 2 : 1, plan.slices > 1);
     if (!qstaged_ready<F, TN, SWIGLU, NORM>()) return false;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(plan.row_groups, 1, plan.slices);
-    cfg.blockDim = dim3(kQsWarps * kWarp);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = c.stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = c.pdl ? 1 : 0;
-    attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = 1;
-    attr[1].val.clusterDim.y = 1;
-    attr[1].val.clusterDim.z = plan.slices;
-    cfg.attrs = attr;
-    cfg.numAttrs = plan.slices > 1 ? 2 : 1;
     // A refused launch falls back to quant_mma_kernel: its error is consumed here so that the caller's
     // next error check does not report a launch that was made another way.
-    if (cudaLaunchKernelEx(&cfg, quant_staged_kernel<F, TN, SWIGLU, NORM>, a, sc, plan.waves, qstaged_trigger_late(a.rows) ? 1 : 0) ==
-        cudaSuccess)
+    if (launch_ex(c, quant_staged_kernel<F, TN, SWIGLU, NORM>, dim3(plan.row_groups, 1, plan.slices), dim3(kQsWarps * kWarp), smem,
+                  plan.slices, a, sc, plan.waves, qstaged_trigger_late(a.rows) ? 1 : 0) == cudaSuccess)
         return true;
     cudaGetLastError();
     return false;

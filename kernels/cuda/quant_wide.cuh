@@ -676,35 +676,16 @@ bool launch_quant_wide(const Ctx& c, const QuantFusedArgs& a) {
         w.rows_pad = tiles * kQwTokens;
         w.sc = chunks / plan.slices;
 
-        cudaLaunchAttribute attr[2];
-        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = c.pdl ? 1 : 0;
-        cudaLaunchConfig_t prep = {};
-        prep.gridDim = dim3(cblocks, w.rows_pad / 16);
-        prep.blockDim = dim3(256);
-        prep.stream = c.stream;
-        prep.attrs = attr;
-        prep.numAttrs = 1;
-        if (cudaLaunchKernelEx(&prep, quant_wide_prep_kernel<F, NORM>, a.x, a.norm_w, a.k, a.rows, const_cast<uint4*>(w.xf),
-                               const_cast<float*>(w.xs), const_cast<float*>(w.ss), w.rows_pad) != cudaSuccess) {
+        if (launch_ex(c, quant_wide_prep_kernel<F, NORM>, dim3(cblocks, w.rows_pad / 16), dim3(256), 0, 1, a.x, a.norm_w, a.k, a.rows,
+                      const_cast<uint4*>(w.xf), const_cast<float*>(w.xs), const_cast<float*>(w.ss), w.rows_pad) != cudaSuccess) {
             cudaGetLastError();
             return false;
         }
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(tiles, row_groups, plan.slices);
-        cfg.blockDim = dim3(kQwWarps * kWarp);
-        cfg.dynamicSmemBytes = qwide_smem<F>();
-        cfg.stream = c.stream;
-        attr[1].id = cudaLaunchAttributeClusterDimension;
-        attr[1].val.clusterDim.x = 1;
-        attr[1].val.clusterDim.y = 1;
-        attr[1].val.clusterDim.z = plan.slices;
-        cfg.attrs = attr;
-        cfg.numAttrs = plan.slices > 1 ? 2 : 1;
         // A refused launch (never seen: the same kernel and shape passed the occupancy query) falls back
         // like the staged kernel's: the prep wrote only this kernel's workspace, and its error is consumed
         // so that the caller's next check does not report a launch that was made another way.
-        if (cudaLaunchKernelEx(&cfg, quant_wide_kernel<F, SWIGLU, NORM>, a, w) != cudaSuccess) {
+        if (launch_ex(c, quant_wide_kernel<F, SWIGLU, NORM>, dim3(tiles, row_groups, plan.slices), dim3(kQwWarps * kWarp), qwide_smem<F>(),
+                      plan.slices, a, w) != cudaSuccess) {
             cudaGetLastError();
             return false;
         }
