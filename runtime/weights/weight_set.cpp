@@ -108,7 +108,7 @@ void store_float(void* dst, DType t, size_t j, float f, std::string_view model_n
 // checkpoint's quantization block): w = scale * q + bias, computed in f32 (exact for bf16 / f16
 // scales: their products with q of at most 8 bits fit f32's mantissa; the bias adds one rounding).
 template <class Buffer>
-const void* dequantize_mlx_router_impl(const Checkpoint& cp, const TensorSpec& spec, const std::string& module,
+const void* dequantize_mlx_router(const Checkpoint& cp, const TensorSpec& spec, const std::string& module,
                                        MlxAffineOverride o, std::string_view model_name, Buffer&& owned_buffer) {
     const std::string name = module + ".weight";
     const auto* w = cp.find(name);
@@ -170,7 +170,7 @@ WeightSet::WeightSet(std::span<const TensorSpec> specs, std::shared_ptr<Checkpoi
             const std::string module = name.substr(0, name.size() - 7);
             if (auto it = routers.find(module); it != routers.end()) {
                 if (const auto* f = checkpoint_->find(name); f && f->entry->dtype == DType::u32) {
-                    ptrs_[i] = dequantize_mlx_router_impl(*checkpoint_, spec, module, it->second, model_name, owned_buffer);
+                    ptrs_[i] = dequantize_mlx_router(*checkpoint_, spec, module, it->second, model_name, owned_buffer);
                     continue;
                 }
             }
