@@ -194,6 +194,17 @@ def cmd_logits(scr, fixture, work, presets):
     return failed
 
 
+def refused(what, cmd, words):
+    """True when cmd exits non-zero with every one of `words` in its message (and no crash)."""
+    p = run(cmd, expect_ok=False)
+    msg = p.stderr.strip()
+    ok = p.returncode != 0 and all(x in msg for x in words) and "Segmentation" not in msg
+    print("%s error: %-36s exit %d: %s" % ("ok  " if ok else "FAIL", what, p.returncode, msg.splitlines()[0] if msg else "(no message)"))
+    if not ok:
+        print("     expected the words %s in:\n%s" % (words, msg))
+    return ok
+
+
 def rewrite(qdir, work, name, edit_tensors=None, edit_config=None, tensors=None):
     bad = os.path.join(work, name)
     shutil.rmtree(bad, ignore_errors=True)
@@ -286,13 +297,7 @@ def cmd_mlx_layout(scr, fixture, work, presets):
             ("3-bit router", rewrite(stacked, work, "bad-router-bits", edit_config=three_bits), ["model.layers.0.mlp.gate", "bits 3"]),
         ]
         for what, model, words in cases:
-            p = run([scr, "logits", model, "--ids", IDS, "--quant", preset + "-kvf32"], expect_ok=False)
-            msg = p.stderr.strip()
-            bad_ok = p.returncode != 0 and all(x in msg for x in words) and "Segmentation" not in msg
-            print("%s error: %-36s exit %d: %s" % ("ok  " if bad_ok else "FAIL", what, p.returncode, msg.splitlines()[0] if msg else "(no message)"))
-            if not bad_ok:
-                print("     expected the words %s in:\n%s" % (words, msg))
-            failed += not bad_ok
+            failed += not refused(what, [scr, "logits", model, "--ids", IDS, "--quant", preset + "-kvf32"], words)
     return failed
 
 
@@ -318,14 +323,7 @@ def cmd_errors(scr, fixture, work):
     ]
     failed = 0
     for what, model, quant, words in cases:
-        cmd = [scr, "logits", model, "--ids", IDS] + (["--quant", quant[0]] if quant else [])
-        p = run(cmd, expect_ok=False)
-        msg = p.stderr.strip()
-        ok = p.returncode != 0 and all(x in msg for x in words) and "Segmentation" not in msg
-        print("%s error: %-36s exit %d: %s" % ("ok  " if ok else "FAIL", what, p.returncode, msg.splitlines()[0] if msg else "(no message)"))
-        if not ok:
-            print("     expected the words %s in:\n%s" % (words, msg))
-        failed += not ok
+        failed += not refused(what, [scr, "logits", model, "--ids", IDS] + (["--quant", quant[0]] if quant else []), words)
     return failed
 
 
