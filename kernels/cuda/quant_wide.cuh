@@ -69,11 +69,11 @@ struct QwFmt {
 // 64, 1.05x at 128 over the staged passes / cuBLASLt, but lost at 256 (0.86x: cuBLASLt's wgmma GEMM
 // on expanded weights is faster there), so 129+ rows stay on cuBLASLt (quant_prefill_min_rows: the
 // kernel is tried first, so its top is the regimes' border). int8 / fp8: SCR_CUDA_QUANT_WIDE_CODES=N,
-// off by default: written in session 33, emulated on the host (scr_cuda_quant_gemv --host-selftest,
-// run in CI) and checked on the H200 (216 checks, memcheck clean), but faster than cuBLASLt on the
-// codes only at 33-64 rows (8B int8 1.13x / 1.12x at batch 48 / 64, 0.78x at 128); 64 is the
-// candidate default once a model-level logits check has run (docs/CUDA.md "Session 33").
-constexpr int kQwDefaultMaxRows = 128, kQwCodesDefaultMaxRows = 0;
+// by default 64: written in session 33, emulated on the host (scr_cuda_quant_gemv --host-selftest,
+// run in CI) and checked on the H200 (216 checks, memcheck clean), faster than cuBLASLt on the codes
+// only at 33-64 rows (8B int8 1.13x / 1.12x at batch 48 / 64, 0.78x at 128); the 1B int8's logits
+// of 33-128-token steps stayed within 2.4e-3 of the kernel-off logits (session 35, tolerance 5.0e-3).
+constexpr int kQwDefaultMaxRows = 128, kQwCodesDefaultMaxRows = 64;
 inline int qwide_max_rows_of(bool int4) {
     const auto valid = [](long long n) { return n == 0 || (n >= 3 && n <= kQwMaxRows); };
     static const int v4 = int(env_int_switch("SCR_CUDA_QUANT_WIDE", kQwDefaultMaxRows, valid, "0 (off) or a row count from 3 to 256"));

@@ -15,7 +15,7 @@
 //     (the tc1 path: of a 2-row launch, its regime; the one-row MLX int4 kernel, quant_mma1_kernel,
 //     takes 1-2 rows; above, each regime of the tc1 path: staged_regimes; quant_wide_kernel's 33-128
 //     rows (by default; SCR_CUDA_QUANT_WIDE=256: 33-256) against launches of 33; int8 / fp8 on the tc1
-//     path only with SCR_CUDA_QUANT_WIDE_CODES, at its rows);
+//     path at the rows SCR_CUDA_QUANT_WIDE_CODES gives quant_wide_kernel, by default 33-64);
 //   * quant_wide_kernel (when on) as a programmatic dependent in a chain of launches, against the
 //     same chain without PDL (wide_pdl_check);
 //   * the fused variants (quant_linear_fused: grouped Q/K/V with biases, SwiGLU, folded RMSNorm, and
@@ -229,7 +229,7 @@ bool wide_takes(Fmt f, int rows) {
 }
 // The tc1 path (the model's decode routing, without cuBLASLt): the one-row tensor-core and staged
 // kernels exist for the MLX int4 formats only; int8 / fp8 take it where quant_wide_kernel is on for
-// them (SCR_CUDA_QUANT_WIDE_CODES), at its rows only (tc1_row_applies).
+// them (SCR_CUDA_QUANT_WIDE_CODES, by default 33-64 rows), at its rows only (tc1_row_applies).
 bool path_applies(QuantGemvPath p, Fmt f) { return p != QuantGemvPath::tc1 || is_int4(f) || qdetail::qwide_max_rows_of(false) > 0; }
 bool tc1_row_applies(Fmt f, int rows) { return is_int4(f) || wide_takes(f, rows); }
 // tc1 must really run when asked for: its launcher records a split, cleared before each launch.
