@@ -6,12 +6,6 @@
 
 namespace scr {
 
-namespace {
-
-bool ends_with(std::string_view s, std::string_view tail) { return s.size() >= tail.size() && s.substr(s.size() - tail.size()) == tail; }
-
-}  // namespace
-
 std::optional<StackedExpert> stacked_expert_source(std::string_view name) {
     // P.experts.{e}.{proj}.{suffix}: find the last ".experts." followed by a number.
     const size_t at = name.rfind(".experts.");
@@ -31,7 +25,7 @@ std::optional<StackedExpert> stacked_expert_source(std::string_view name) {
     return StackedExpert{fmt::format("{}.switch_mlp.{}.{}", name.substr(0, at), proj, suffix), e};
 }
 
-bool is_router_module(std::string_view path) { return ends_with(path, ".mlp.gate") || ends_with(path, ".block_sparse_moe.gate"); }
+bool is_router_module(std::string_view path) { return path.ends_with(".mlp.gate") || path.ends_with(".block_sparse_moe.gate"); }
 
 std::string mlx_override_refusal(const std::string& key, const nlohmann::json& value) {
     if (!is_router_module(key))

@@ -166,8 +166,9 @@ WeightSet::WeightSet(std::span<const TensorSpec> specs, std::shared_ptr<Checkpoi
         const TensorSpec& spec = specs[i];
         std::string name(spec.name);
         std::span<const int64_t> want(spec.shape, size_t(spec.rank));
-        if (spec.dtype != DType::u32 && name.ends_with(".weight")) {
-            const std::string module = name.substr(0, name.size() - 7);
+        constexpr std::string_view kWeight = ".weight";
+        if (spec.dtype != DType::u32 && name.ends_with(kWeight)) {
+            const std::string module = name.substr(0, name.size() - kWeight.size());
             if (auto it = routers.find(module); it != routers.end()) {
                 if (const auto* f = checkpoint_->find(name); f && f->entry->dtype == DType::u32) {
                     ptrs_[i] = dequantize_mlx_router(*checkpoint_, spec, module, it->second, model_name, owned_buffer);

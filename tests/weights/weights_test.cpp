@@ -2,10 +2,10 @@
 // scr::Error naming the file and tensor.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
-#include <cstring>
 
 #include "runtime/core/error.hpp"
 #include "runtime/weights/safetensors.hpp"
