@@ -470,26 +470,12 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
             mat.y[at] = y;
         }
     };
-    if (slices == 1) {
-#pragma unroll
-        for (int n = 0; n < TN; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                if constexpr (SWIGLU) {
-                    epilogue_at(0, n, e, acc[0][n][e], acc[1][n][e]);
-                } else {
-#pragma unroll
-                    for (int m = 0; m < MT; ++m) epilogue_at(m, n, e, acc[m][n][e], 0.0f);
-                }
-            }
-        return;
-    }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // The cluster meets: partial (m, n, e) of this lane at red[(warp * 64 + v) * 32 + lane], v =
-    // (m * TN + n) * 4 + e; rank r finishes the positions with v % slices == r (SwiGLU: the gate's
-    // positions, each with its up partner), adding the ranks' partials in rank order.
-    namespace cgs = cooperative_groups;
-    cgs::cluster_group cluster = cgs::this_cluster();
+    // Every lane's partials go to shared memory (the ring's, now free): partial (m, n, e) of this lane
+    // at red[(warp * kVals + v) * 32 + lane], v = (m * TN + n) * 4 + e. The outputs are then written
+    // by a loop over v, not unrolled: unrolled over the 64 positions, the epilogue was ~10k SASS
+    // instructions run once per warp, and at 64 rows it took ~45 % of the kernel's stall samples,
+    // mostly waiting on instruction fetch (ncu, session 35); as a loop the launches are 3-17 % faster
+    // (docs/CUDA.md "Session 36").
     float* red = reinterpret_cast<float*>(qw_smem);
     constexpr int kVals = MT * TN * 4;
     static_assert(size_t(kQwWarps) * kVals * kWarp * 4 <= qwide_smem<F>(), "the partials reuse the ring's shared memory");
@@ -499,35 +485,39 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
         for (int n = 0; n < TN; ++n)
 #pragma unroll
             for (int e = 0; e < 4; ++e) red[(warp * kVals + (m * TN + n) * 4 + e) * kWarp + lane] = acc[m][n][e];
+    // The outputs of this block: every position (one slice), or those with v % slices == rank.
+    // SwiGLU: the gate's positions (m = 0), each with its up partner (m = 1).
+    constexpr int kOut = SWIGLU ? TN * 4 : kVals;
+    auto finish = [&](int first, int step, auto&& total) {
+#pragma unroll 1
+        for (int v = first; v < kOut; v += step) {
+            const int e = v % 4, n = (v / 4) % TN;
+            if constexpr (SWIGLU) epilogue_at(0, n, e, total(v), total((TN + n) * 4 + e));
+            else epilogue_at(v / (TN * 4), n, e, total(v), 0.0f);
+        }
+    };
+    if (slices == 1) {
+        __syncwarp();  // each lane reads back only its own partials
+        finish(0, 1, [&](int v) { return red[(warp * kVals + v) * kWarp + lane]; });
+        return;
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // The cluster meets: rank r finishes the positions with v % slices == r, adding the ranks'
+    // partials in rank order.
+    namespace cgs = cooperative_groups;
+    cgs::cluster_group cluster = cgs::this_cluster();
     cluster.sync();
     const int rank = int(cluster.block_rank());
     const float* from[8];
 #pragma unroll
     for (int rk = 0; rk < 8; ++rk) from[rk] = rk < slices ? cluster.map_shared_rank(red, rk) : red;
-    auto total = [&](int v) {
+    finish(rank, slices, [&](int v) {
         float s = from[0][(warp * kVals + v) * kWarp + lane];
 #pragma unroll
         for (int rk = 1; rk < 8; ++rk)
             if (rk < slices) s += from[rk][(warp * kVals + v) * kWarp + lane];
         return s;
-    };
-#pragma unroll
-    for (int n = 0; n < TN; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            if constexpr (SWIGLU) {
-                const int v = n * 4 + e;
-                if (v % slices != rank) continue;
-                epilogue_at(0, n, e, total(v), total((TN + n) * 4 + e));
-            } else {
-#pragma unroll
-                for (int m = 0; m < MT; ++m) {
-                    const int v = (m * TN + n) * 4 + e;
-                    if (v % slices != rank) continue;
-                    epilogue_at(m, n, e, total(v), 0.0f);
-                }
-            }
-        }
+    });
     cluster.sync();  // the partials stay alive until every rank has read them
 #else
     __trap();  // clusters need sm_90: never launched so (the plan's occupancy query refuses them)
