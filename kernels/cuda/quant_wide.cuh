@@ -474,7 +474,7 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
     // at red[(warp * kVals + v) * 32 + lane], v = (m * TN + n) * 4 + e. The outputs are then written
     // by a loop over v, not unrolled: unrolled over the 64 positions, the epilogue was ~10k SASS
     // instructions run once per warp, and at 64 rows it took ~45 % of the kernel's stall samples,
-    // mostly waiting on instruction fetch (ncu, session 35); as a loop the launches are 3-17 % faster
+    // mostly waiting on instruction fetch (ncu, session 35); as a loop the launches are 2-17 % faster
     // (docs/CUDA.md "Session 36").
     float* red = reinterpret_cast<float*>(qw_smem);
     constexpr int kVals = MT * TN * 4;
