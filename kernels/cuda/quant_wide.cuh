@@ -479,12 +479,13 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
     float* red = reinterpret_cast<float*>(qw_smem);
     constexpr int kVals = MT * TN * 4;
     static_assert(size_t(kQwWarps) * kVals * kWarp * 4 <= qwide_smem<F>(), "the partials reuse the ring's shared memory");
+    auto slot = [&](int v) { return (warp * kVals + v) * kWarp + lane; };
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
         for (int n = 0; n < TN; ++n)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) red[(warp * kVals + (m * TN + n) * 4 + e) * kWarp + lane] = acc[m][n][e];
+            for (int e = 0; e < 4; ++e) red[slot((m * TN + n) * 4 + e)] = acc[m][n][e];
     // The outputs of this block: every position (one slice), or those with v % slices == rank.
     // SwiGLU: the gate's positions (m = 0), each with its up partner (m = 1).
     constexpr int kOut = SWIGLU ? TN * 4 : kVals;
@@ -497,8 +498,8 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
         }
     };
     if (slices == 1) {
-        __syncwarp();  // each lane reads back only its own partials
-        finish(0, 1, [&](int v) { return red[(warp * kVals + v) * kWarp + lane]; });
+        // Each lane reads back only its own partials: program order suffices, no barrier.
+        finish(0, 1, [&](int v) { return red[slot(v)]; });
         return;
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -512,10 +513,10 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
 #pragma unroll
     for (int rk = 0; rk < 8; ++rk) from[rk] = rk < slices ? cluster.map_shared_rank(red, rk) : red;
     finish(rank, slices, [&](int v) {
-        float s = from[0][(warp * kVals + v) * kWarp + lane];
+        float s = from[0][slot(v)];
 #pragma unroll
         for (int rk = 1; rk < 8; ++rk)
-            if (rk < slices) s += from[rk][(warp * kVals + v) * kWarp + lane];
+            if (rk < slices) s += from[rk][slot(v)];
         return s;
     });
     cluster.sync();  // the partials stay alive until every rank has read them
