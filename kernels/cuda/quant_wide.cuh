@@ -22,8 +22,11 @@
 //    chunk (weights, int4 scales, biases and x group sums, x fragments) comes through a cp.async ring
 //    in shared memory (QwFmt: int4 4 stages, codes 6); the arithmetic per word is quant_mma_kernel's
 //    (int4: same A fragments, group partials c, acc += scale * c + bias * sum(x); codes: the codes
-//    exact in bf16 into acc, the row scale in the epilogue). K may be split over a cluster of up to 8
-//    blocks, whose partials meet in rank order through distributed shared memory.
+//    exact in bf16 into acc, the row scale in the epilogue). K may be split over up to 8 blocks,
+//    whose partials meet in rank order: through distributed shared memory when the split's blocks
+//    form a cluster, or through global memory (L2) when clusters of that size would not all be
+//    resident at once (the "global split": the last block of a tile's row group to arrive sums the
+//    ranks' partials; the same additions in the same order, so the same bits).
 //
 // Batch invariance: the split, the row groups and the chunk order depend on the shape only; a token
 // column's arithmetic never sees another column; the prep's sums are per token in a fixed order. So
@@ -115,12 +118,25 @@ __host__ __device__ constexpr int64_t qwide_workspace_bytes_for(int64_t k) {
     const int64_t cblocks = (chunks + Q::kPrepChunks - 1) / Q::kPrepChunks;
     return tiles * chunks * Q::kFragBytes + tiles * chunks * Q::kGpc * kQwTokens * 4 + cblocks * kQwMaxRows * 4;
 }
+// The global split's part of the workspace, at its end: one block's partials (its 8 warps' 64 C
+// fragment values per lane, 64 KiB) per slot, and per slot one arrival counter for each split of 2,
+// 4 and 8 (a counter only ever counts one split, so it stays a multiple of it across launches and
+// needs no reset; it starts at zero: the workspace is zeroed once, when it is allocated).
+constexpr int kQwPartFloats = kQwWarps * 2 * kQwTN * 4 * kWarp;
+constexpr int kQwSplitCounters = 3;
+__host__ __device__ constexpr int64_t qwide_split_bytes(int64_t slots) {
+    return (kQwSplitCounters * slots * 4 + 255) / 256 * 256 + slots * kQwPartFloats * 4;
+}
+// Slots: a launch's blocks when they all fit at once (one block per SM) for the largest launch
+// (kQwMaxRows / kQwTokens token tiles): the global split is planned only where a tile's blocks fit
+// in one wave (qwide_choose).
+inline int qwide_split_slots() { return kQwMaxRows / kQwTokens * device_sm_count(); }
 // What a model of format F allocates for its largest quantized K (read once, at its construction):
-// nothing for a format the kernel does not take or while the kernel is off for it.
+// nothing for a format the kernel does not take or while the kernel is off for it. Zeroed once.
 template <class F>
 inline int64_t quant_wide_model_workspace_bytes(int64_t k_max) {
     if constexpr (!qwide_format_ok<F>()) return 0;
-    else return qwide_max_rows<F>() > 0 ? qwide_workspace_bytes_for<F>(k_max) : 0;
+    else return qwide_max_rows<F>() > 0 ? qwide_workspace_bytes_for<F>(k_max) + qwide_split_bytes(qwide_split_slots()) : 0;
 }
 
 // Where a launch's prep output lives in the workspace.
@@ -130,6 +146,11 @@ struct QWideArgs {
     const float* ss = nullptr;  // [prep chunk block][token] partial sums of x^2 (NORM)
     int chunks = 0, cblocks = 0, rows_pad = 0;
     int sc = 0;  // chunks per K slice (cluster rank)
+    // The global split (null: the slices form a cluster, or there is one): slot (tile, row group,
+    // rank)'s partials at part + slot * kQwPartFloats; the arrival counters of the (tile, row group)s.
+    float* part = nullptr;
+    unsigned* arrivals = nullptr;  // [split 2, 4, 8][cells]
+    int cells = 0;                 // slots of the workspace (the counters' stride)
 };
 
 // ---- The kernel's index maps, shared with the host emulation (quant_gemv_test.cu) ----
@@ -261,7 +282,10 @@ __host__ __device__ constexpr size_t qwide_smem() {
     return size_t(QwFmt<F>::kStages) * QwStage<F>::kBytes;
 }
 
-template <class F, bool SWIGLU, bool NORM>
+// GSPLIT: the instance of the global K split (the launch's QWideArgs::part set). A separate instance
+// keeps the others' code as it was: with both epilogues in one kernel, the cluster and one-slice
+// launches measured 2-17 % slower on an H100 (docs/CUDA.md "Session 37").
+template <class F, bool SWIGLU, bool NORM, bool GSPLIT = false>
 __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const __grid_constant__ QuantFusedArgs p, const __grid_constant__ QWideArgs w) {
     using ST = typename F::Scale;
     using L = QwStage<F>;
@@ -438,7 +462,8 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
         }
     }
     __syncthreads();  // every warp is done with the ring (its memory takes the partials below); inv_s is set
-    pdl_trigger();
+    // The global split reads the workspace once more (its partials): it triggers after that, below.
+    if constexpr (!GSPLIT) pdl_trigger();
 
     // One output: C-fragment position (m, n, e) of this lane, its sum(s) v (SwiGLU: gate, up).
     auto epilogue_at = [&](int m, int n, int e, float v0, float v1) {
@@ -478,15 +503,11 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
     // (docs/CUDA.md "Session 36").
     float* red = reinterpret_cast<float*>(qw_smem);
     constexpr int kVals = MT * TN * 4;
-    static_assert(size_t(kQwWarps) * kVals * kWarp * 4 <= qwide_smem<F>(), "the partials reuse the ring's shared memory");
+    static_assert(kQwWarps * kVals * kWarp == kQwPartFloats, "a block's partials");
+    static_assert(size_t(kQwPartFloats) * 4 <= qwide_smem<F>(), "the partials reuse the ring's shared memory");
     auto slot = [&](int v) { return (warp * kVals + v) * kWarp + lane; };
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-        for (int n = 0; n < TN; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) red[slot((m * TN + n) * 4 + e)] = acc[m][n][e];
-    // The outputs of this block: every position (one slice), or those with v % slices == rank.
+    // The outputs of this block: every position (one slice; the global split's last block), or
+    // those with v % slices == rank (a cluster).
     // SwiGLU: the gate's positions (m = 0), each with its up partner (m = 1).
     constexpr int kOut = SWIGLU ? TN * 4 : kVals;
     auto finish = [&](int first, int step, auto&& total) {
@@ -497,44 +518,94 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
             else epilogue_at(v / (TN * 4), n, e, total(v), 0.0f);
         }
     };
-    if (slices == 1) {
-        // Each lane reads back only its own partials: program order suffices, no barrier.
-        finish(0, 1, [&](int v) { return red[slot(v)]; });
+    if constexpr (GSPLIT) {
+        // The global split: the partials go to this block's slot in the workspace (32 lanes: 128
+        // bytes in a row), and the last of the row group's slices to arrive finishes every position,
+        // adding the ranks' partials in rank order (the fence before the arrival publishes this
+        // block's partials; the counter of this split size stays a multiple of it between launches).
+        const int cell = tt * int(gridDim.y) + rg;  // this block's (tile, row group)
+        const float* const part = w.part + size_t(cell) * slices * kQwPartFloats;
+        float* const mine = w.part + (size_t(cell) * slices + blockIdx.z) * kQwPartFloats;
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int n = 0; n < TN; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) mine[slot((m * TN + n) * 4 + e)] = acc[m][n][e];
+        __shared__ bool last_s;
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            unsigned* counter = w.arrivals + size_t(slices == 2 ? 0 : slices == 4 ? 1 : 2) * w.cells + cell;
+            last_s = (atomicAdd(counter, 1u) + 1u) % unsigned(slices) == 0u;
+        }
+        __syncthreads();
+        if (!last_s) return;  // an exit counts as this block's trigger
+        __threadfence();
+        // The sums first, into shared memory, 8 positions' loads in flight at a time (a loop that
+        // used each sum as it came waited one L2 round trip per position), then the outputs.
+#pragma unroll 8
+        for (int v = 0; v < kVals; ++v) {
+            float sum = __ldcg(part + slot(v));
+#pragma unroll
+            for (int rk = 1; rk < 8; ++rk)
+                if (rk < slices) sum += __ldcg(part + size_t(rk) * kQwPartFloats + slot(v));
+            red[slot(v)] = sum;
+        }
+        // After the last workspace read: the next launch (which rewrites the slots once its own
+        // loop is done) can start.
+        pdl_trigger();
+        finish(0, 1, [&](int v) { return red[slot(v)]; });  // each lane reads back its own sums
         return;
-    }
+    } else {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int n = 0; n < TN; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) red[slot((m * TN + n) * 4 + e)] = acc[m][n][e];
+        if (slices == 1) {
+            // Each lane reads back only its own partials: program order suffices, no barrier.
+            finish(0, 1, [&](int v) { return red[slot(v)]; });
+            return;
+        }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // The cluster meets: rank r finishes the positions with v % slices == r, adding the ranks'
-    // partials in rank order.
-    namespace cgs = cooperative_groups;
-    cgs::cluster_group cluster = cgs::this_cluster();
-    cluster.sync();
-    const int rank = int(cluster.block_rank());
-    const float* from[8];
+        // The cluster meets: rank r finishes the positions with v % slices == r, adding the ranks'
+        // partials in rank order.
+        namespace cgs = cooperative_groups;
+        cgs::cluster_group cluster = cgs::this_cluster();
+        cluster.sync();
+        const int rank = int(cluster.block_rank());
+        const float* from[8];
 #pragma unroll
-    for (int rk = 0; rk < 8; ++rk) from[rk] = rk < slices ? cluster.map_shared_rank(red, rk) : red;
-    finish(rank, slices, [&](int v) {
-        float s = from[0][slot(v)];
+        for (int rk = 0; rk < 8; ++rk) from[rk] = rk < slices ? cluster.map_shared_rank(red, rk) : red;
+        finish(rank, slices, [&](int v) {
+            float s = from[0][slot(v)];
 #pragma unroll
-        for (int rk = 1; rk < 8; ++rk)
-            if (rk < slices) s += from[rk][slot(v)];
-        return s;
-    });
-    cluster.sync();  // the partials stay alive until every rank has read them
+            for (int rk = 1; rk < 8; ++rk)
+                if (rk < slices) s += from[rk][slot(v)];
+            return s;
+        });
+        cluster.sync();  // the partials stay alive until every rank has read them
 #else
-    __trap();  // clusters need sm_90: never launched so (the plan's occupancy query refuses them)
+        __trap();  // clusters need sm_90: never launched so (the plan's occupancy query refuses them)
 #endif
+    }
 }
 
-// How a launch is cut (a function of the shape only): K slices (a cluster's blocks) and row groups.
+// How a launch is cut (a function of the shape only): K slices (a cluster's blocks, or the global
+// split's) and row groups.
 struct QWidePlan {
     int slices = 0, row_groups = 0;
+    bool global = false;  // the slices meet through global memory, not as a cluster
 };
 
 template <class F, bool SWIGLU, bool NORM>
 bool qwide_ready() {
     static const bool set = [] {
-        if (cudaFuncSetAttribute(quant_wide_kernel<F, SWIGLU, NORM>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(qwide_smem<F>())) ==
-            cudaSuccess)
+        const int smem = int(qwide_smem<F>());
+        if (cudaFuncSetAttribute(quant_wide_kernel<F, SWIGLU, NORM, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess &&
+            cudaFuncSetAttribute(quant_wide_kernel<F, SWIGLU, NORM, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess)
             return true;
         cudaGetLastError();  // the launches go elsewhere
         return false;
@@ -578,25 +649,55 @@ inline int qwide_slices_override() {
         "SCR_CUDA_QUANT_WIDE_SLICES", 0, [](long long c) { return c == 1 || c == 2 || c == 4 || c == 8; }, "1, 2, 4 or 8", "the rule"));
     return v;
 }
+// SCR_CUDA_QUANT_WIDE_GLOBAL: 0 never splits K through global memory (clusters only, the plans of
+// session 36), 1 (default) where the cost rule picks it; for checks and A/B runs, the split of rule 1
+// 2 through global memory wherever one wave holds it, 3 always as clusters (which then run in
+// waves): 2 and 3 must give the same bits.
+inline int qwide_global_switch() {
+    static const int v = int(env_int_switch(
+        "SCR_CUDA_QUANT_WIDE_GLOBAL", 1, [](long long c) { return c >= 0 && c <= 3; }, "0, 1, 2 or 3", "1"));
+    return v;
+}
 // The plan for one token tile: for each slice count C (a power of two up to 8 dividing the chunks),
-// waves x (chunks per slice + the ring's fill) plus a meeting cost when C > 1; the least wins.
-inline QWidePlan qwide_choose(int row_groups, int chunks, int stages, int (*resident_of)(int)) {
+// waves x (chunks per slice + the ring's fill) plus a meeting cost when C > 1; the least wins. A
+// cluster of C must be resident as a whole, which for C = 8 leaves SMs idle (a 4096-row linear's
+// 16 row groups x 8 = 128 blocks do not fit in one wave of 8-block clusters on an H100 / H200, so
+// its K split stopped at 4: 64 blocks on 132 SMs). The global split takes any C whose blocks fit in
+// one wave of single blocks (up to `global_blocks`), at a higher meeting cost: the last block reads
+// the C partials of every position from L2. That cost is the same time for every format, so in
+// chunks it weighs `meet_scale` times more for the codes (3: their 64-k chunks are short; measured
+// on an H100, session 37: the 8B's 4096x4096 int8 at 33-64 rows stays a cluster of 4, 35 us against
+// 40-42 us split 8 ways through L2, while 4096x14336 gains 16-26 %; MLX int4 1: 4096x4096 gains 1-4 %
+// at 48-64 rows and 14-15 % at 96-128, 4096x14336 29-35 %).
+// `global`: qwide_global_switch()'s rule; `forced`: qwide_slices_override() (0: none).
+inline QWidePlan qwide_choose(int row_groups, int chunks, int stages, double meet_scale, int (*resident_of)(int), int global_blocks,
+                              int global, int forced) {
     QWidePlan best;
     double best_cost = 1e30;
-    const int forced = qwide_slices_override();
     for (int c = 1; c <= 8; c *= 2) {
         if (chunks % c != 0) continue;
-        const int resident = resident_of(c);
-        if (resident < c) continue;
         const int sc = chunks / c;
-        const int waves = (row_groups * c + resident - 1) / resident;
-        double cost = waves * (sc + stages - 1.0) + (c > 1 ? 1.5 : 0.0);
-        if (forced == c) cost = -1.0;
-        if (cost < best_cost) {
-            best_cost = cost;
-            best = QWidePlan{c, row_groups};
+        const int resident = resident_of(c);
+        if (resident >= c) {
+            const int waves = (row_groups * c + resident - 1) / resident;
+            double cost = waves * (sc + stages - 1.0) + (c > 1 ? 1.5 : 0.0);
+            if (forced == c) cost = -1.0;
+            if (cost < best_cost) {
+                best_cost = cost;
+                best = QWidePlan{c, row_groups, false};
+            }
+        }
+        if (c > 1 && global > 0 && row_groups * c <= global_blocks) {
+            double cost = (sc + stages - 1.0) + (1.5 + 0.25 * c) * meet_scale;
+            if (forced == c) cost = -0.5;  // a forced C stays a cluster where one fits
+            if (cost < best_cost) {
+                best_cost = cost;
+                best = QWidePlan{c, row_groups, true};
+            }
         }
     }
+    if (global == 2 && best.slices > 1 && row_groups * best.slices <= global_blocks) best.global = true;
+    if (global == 3 && best.global && resident_of(best.slices) >= best.slices) best.global = false;
     return best;
 }
 template <class F, bool SWIGLU, bool NORM>
@@ -608,8 +709,19 @@ QWidePlan qwide_plan(int row_groups, int chunks) {
     static thread_local std::vector<Entry> cache;
     for (const Entry& e : cache)
         if (e.row_groups == row_groups && e.chunks == chunks) return e.plan;
-    const QWidePlan plan =
-        qwide_choose(row_groups, chunks, QwFmt<F>::kStages, [](int c) { return qwide_resident_blocks<F, SWIGLU, NORM>(c); });
+    // The global split's blocks: one wave of its instance's single blocks, within the workspace's
+    // slots per tile.
+    int per_sm = 0;
+    if (!qwide_ready<F, SWIGLU, NORM>() ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, quant_wide_kernel<F, SWIGLU, NORM, true>, kQwWarps * kWarp, qwide_smem<F>()) !=
+            cudaSuccess) {
+        cudaGetLastError();
+        per_sm = 0;
+    }
+    const int global_blocks = std::min(per_sm * device_sm_count(), qwide_split_slots() / (kQwMaxRows / kQwTokens));
+    const QWidePlan plan = qwide_choose(
+        row_groups, chunks, QwFmt<F>::kStages, QwFmt<F>::kInt4 ? 1.0 : 3.0, [](int c) { return qwide_resident_blocks<F, SWIGLU, NORM>(c); }, global_blocks,
+        qwide_global_switch(), qwide_slices_override());
     cache.push_back({row_groups, chunks, plan});
     return plan;
 }
@@ -666,6 +778,22 @@ bool launch_quant_wide(const Ctx& c, const QuantFusedArgs& a) {
         w.cblocks = cblocks;
         w.rows_pad = tiles * kQwTokens;
         w.sc = chunks / plan.slices;
+        // The global split's slots at the workspace's end (quant_wide_model_workspace_bytes). A
+        // workspace without them (never made so here) takes the same split as a cluster: the same bits.
+        QWidePlan ran = plan;
+        if (plan.global) {
+            const int slots = qwide_split_slots();
+            const int64_t at = c.qwide_ws_bytes - qwide_split_bytes(slots);
+            if (at >= qwide_workspace_bytes_for<F>(a.k) && int64_t(tiles) * row_groups * plan.slices <= slots) {
+                w.arrivals = reinterpret_cast<unsigned*>(ws + at);
+                w.part = reinterpret_cast<float*>(ws + at + (qwide_split_bytes(slots) - int64_t(slots) * kQwPartFloats * 4));
+                w.cells = slots;
+            } else if (qwide_resident_blocks<F, SWIGLU, NORM>(plan.slices) >= plan.slices) {
+                ran.global = false;
+            } else {
+                return false;
+            }
+        }
 
         if (launch_ex(c, quant_wide_prep_kernel<F, NORM>, dim3(cblocks, w.rows_pad / 16), dim3(256), 0, 1, a.x, a.norm_w, a.k, a.rows,
                       const_cast<uint4*>(w.xf), const_cast<float*>(w.xs), const_cast<float*>(w.ss), w.rows_pad) != cudaSuccess) {
@@ -675,12 +803,16 @@ bool launch_quant_wide(const Ctx& c, const QuantFusedArgs& a) {
         // A refused launch (never seen: the same kernel and shape passed the occupancy query) falls back
         // like the staged kernel's: the prep wrote only this kernel's workspace, and its error is consumed
         // so that the caller's next check does not report a launch that was made another way.
-        if (launch_ex(c, quant_wide_kernel<F, SWIGLU, NORM>, dim3(tiles, row_groups, plan.slices), dim3(kQwWarps * kWarp), qwide_smem<F>(),
-                      plan.slices, a, w) != cudaSuccess) {
+        const cudaError_t launched =
+            ran.global ? launch_ex(c, quant_wide_kernel<F, SWIGLU, NORM, true>, dim3(tiles, row_groups, plan.slices), dim3(kQwWarps * kWarp),
+                                   qwide_smem<F>(), 1, a, w)
+                       : launch_ex(c, quant_wide_kernel<F, SWIGLU, NORM, false>, dim3(tiles, row_groups, plan.slices), dim3(kQwWarps * kWarp),
+                                   qwide_smem<F>(), plan.slices, a, w);
+        if (launched != cudaSuccess) {
             cudaGetLastError();
             return false;
         }
-        qwide_last_plan() = plan;
+        qwide_last_plan() = ran;
         return true;
     }
 }

@@ -125,8 +125,9 @@ struct Ctx {
     // The decode attention's workspace for its context split (kernels/cuda/attention.cuh:
     // attention_workspace_floats; tickets zero between launches), or null: no split.
     float* attn_ws = nullptr;
-    // The quantized 33-256-row kernel's prep output (kernels/cuda/quant_wide.cuh:
-    // quant_wide_model_workspace_bytes), or null: those launches take the other kernels.
+    // The quantized 33-256-row kernel's prep output and its global K split's partials and arrival
+    // counters (kernels/cuda/quant_wide.cuh: quant_wide_model_workspace_bytes; zeroed once when
+    // allocated), or null: those launches take the other kernels.
     void* qwide_ws = nullptr;
     int64_t qwide_ws_bytes = 0;
     Ctx with_l2(const L2Prefetch& p) const {

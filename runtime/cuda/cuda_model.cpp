@@ -66,7 +66,7 @@ struct CudaGeneratedModel::Impl {
     void* scratch = nullptr;
     void* moe_ws = nullptr;
     void* attn_ws = nullptr;  // the decode attention's split (Ctx::attn_ws)
-    void* qwide_ws = nullptr;  // MLX int4 33-256-row linears' prep (Ctx::qwide_ws)
+    void* qwide_ws = nullptr;  // quantized 33-256-row linears' prep and global K split (Ctx::qwide_ws)
     int64_t qwide_ws_bytes = 0;
     void* sync = nullptr;  // dev_sync()
     float* logits_dev = nullptr;
@@ -213,9 +213,12 @@ CudaGeneratedModel::CudaGeneratedModel(const ModelInfo& info, const WeightSet& w
         SCR_CUDA(cudaMalloc(&m.attn_ws, size_t(attention_workspace_floats) * 4));
         SCR_CUDA(cudaMemsetAsync(m.attn_ws, 0, size_t(attention_workspace_floats) * 4, m.stream));  // before every kernel of the model
     }
-    // MLX int4 linears of 33-256 rows (kernels/cuda/quant_wide.cuh): x as the MMA's fragments.
+    // Quantized linears of 33-256 rows (kernels/cuda/quant_wide.cuh): x as the MMA's fragments, and
+    // the global K split's partials and arrival counters (which start at zero; every launch leaves
+    // each a multiple of its split).
     if (quant_wide_workspace_bytes > 0) {
         SCR_CUDA(cudaMalloc(&m.qwide_ws, size_t(quant_wide_workspace_bytes)));
+        SCR_CUDA(cudaMemsetAsync(m.qwide_ws, 0, size_t(quant_wide_workspace_bytes), m.stream));
         m.qwide_ws_bytes = quant_wide_workspace_bytes;
     }
     SCR_CUDA(cudaMalloc(&m.sync, 4096));

@@ -32,6 +32,9 @@ rows on quant_wide_kernel (SCR_CUDA_QUANT_WIDE=256 and SCR_CUDA_QUANT_WIDE_CODES
 kernel switched off (=0 both: MLX int4 33+ rows in staged passes or on cuBLASLt, int8 / fp8 on
 cuBLASLt): prompts of 1, 2, 32, 33, 64, 65, 100 and 128 tokens (100: two token tiles); 33+ must be
 within the tolerance, shorter ones the same bits.
+With --mode global (session 37): steps of 33-128 rows on quant_wide_kernel with the rule's K split
+through global memory wherever one wave holds it (SCR_CUDA_QUANT_WIDE_GLOBAL=2) against the same
+split as clusters (=3): the same additions in the same order, so every prompt must give the same bits.
 Exit 0 only if every prompt passes.
 """
 import json, math, os, random, subprocess, sys
@@ -75,9 +78,12 @@ MODES = {
     "passes": ({"SCR_CUDA_QUANT_STAGED": "0"}, (1, 2, 16, 17, 32, 64), {16, 17, 32, 64}),
     "cublas": ({"SCR_CUDA_QUANT_PREFILL_MIN_ROWS": "0"}, (1, 32, 33, 64, 65), None),  # changed: --min-rows
     "wide": ({"SCR_CUDA_QUANT_WIDE": "0", "SCR_CUDA_QUANT_WIDE_CODES": "0"}, (1, 2, 32, 33, 64, 65, 100, 128), {33, 64, 65, 100, 128}),
+    "global": ({"SCR_CUDA_QUANT_WIDE": "256", "SCR_CUDA_QUANT_WIDE_CODES": "256", "SCR_CUDA_QUANT_WIDE_GLOBAL": "3"}, (1, 33, 64, 100, 128),
+               set()),
 }
 # The new path's environment where it is not (or not for every row count) the default.
-NEW_ENV = {"wide": {"SCR_CUDA_QUANT_WIDE": "256", "SCR_CUDA_QUANT_WIDE_CODES": "256"}}
+NEW_ENV = {"wide": {"SCR_CUDA_QUANT_WIDE": "256", "SCR_CUDA_QUANT_WIDE_CODES": "256"},
+           "global": {"SCR_CUDA_QUANT_WIDE": "256", "SCR_CUDA_QUANT_WIDE_CODES": "256", "SCR_CUDA_QUANT_WIDE_GLOBAL": "2"}}
 
 
 def main():

@@ -188,15 +188,17 @@ void free_weights(DevWeights& w) {
 }
 
 constexpr int kMaxRows = 256;  // token rows of the largest check (quant_wide_kernel's four 64-row tiles)
-// The workspace of quant_wide_kernel (33-256 rows), for every format and K here; set on every Ctx.
+// The workspace of quant_wide_kernel (33-256 rows), for every format and K here, with the global
+// split's slots at its end as a model allocates them; zeroed once, set on every Ctx.
 void* g_qwide_ws = nullptr;
-constexpr int64_t kQwideWsBytes = std::max(qdetail::qwide_workspace_bytes_for<qdetail::MlxInt4<32, bf16_t>>(32768),
-                                           qdetail::qwide_workspace_bytes_for<qdetail::Int8Channel<bf16_t>>(32768));
+constexpr int64_t kQwidePrepBytes = std::max(qdetail::qwide_workspace_bytes_for<qdetail::MlxInt4<32, bf16_t>>(32768),
+                                             qdetail::qwide_workspace_bytes_for<qdetail::Int8Channel<bf16_t>>(32768));
+int64_t g_qwide_ws_bytes = 0;
 Ctx ctx_on(cudaStream_t st) {
     Ctx c;
     c.stream = st;
     c.qwide_ws = g_qwide_ws;
-    c.qwide_ws_bytes = g_qwide_ws ? kQwideWsBytes : 0;
+    c.qwide_ws_bytes = g_qwide_ws ? g_qwide_ws_bytes : 0;
     return c;
 }
 constexpr QuantGemvPath kPaths[] = {QuantGemvPath::smem, QuantGemvPath::mma, QuantGemvPath::simt, QuantGemvPath::tc1};
@@ -322,7 +324,8 @@ std::string split_of(QuantGemvPath path, int rows = 1) {
                                            : text(" ks%d", qdetail::qsmem_last_split());
     if (path == QuantGemvPath::simt) return "";
     if (path == QuantGemvPath::tc1 && qdetail::qwide_last_plan().slices > 0)
-        return text(" wide s%dg%d", qdetail::qwide_last_plan().slices, qdetail::qwide_last_plan().row_groups);
+        return text(" wide s%dg%d%s", qdetail::qwide_last_plan().slices, qdetail::qwide_last_plan().row_groups,
+                    qdetail::qwide_last_plan().global ? "x" : "");
     if (path == QuantGemvPath::tc1 && rows > tc1_rows() && rows <= tc1_top() && qdetail::qstaged_last_plan().slices > 0) {
         const qdetail::QStagedPlan& p = qdetail::qstaged_last_plan();
         return text(" s%dw%dg%d", p.slices, p.waves, p.row_groups);
@@ -1110,6 +1113,62 @@ int host_selftest() {
             !split_is(3072, 2048, 8, 1);
     std::printf("host selftest (split-K choice, 336 tile/chunk/mode/resident cases + the 1B shapes): %d wrong: %s\n", sbad,
                 sbad ? "FAILED" : "ok");
+
+    // quant_wide_kernel's K split (qwide_choose) on two residency models (clusters of 1 / 2 / 4 / 8:
+    // an H100 / H200 as measured, 132 / 132 / 120 / 120 blocks, and a small 16 / 16 / 16 / 8): a
+    // valid split (a power of two up to 8 dividing the chunks); a global split only with more than one
+    // slice, within the one-wave limit, and only where the cluster of the same size would not fit in
+    // one wave (the same split as a cluster costs less); with rule 0 or no global split allowed, the
+    // cluster-only rule of session 36 (restated here); rules 2 and 3 the split of rule 1, through
+    // global memory wherever one wave holds it (2) or as clusters (3). The 8B / 1B MLX int4 shapes on
+    // the H100 / H200 model, by hand from the rule: 4096x4096 and 4096x14336 (16 row groups) global 8
+    // instead of a cluster of 4 (64 of 132 SMs); the 8B's qkv (24 row groups) a cluster of 4; the
+    // 1B's (12 row groups) a cluster of 8; int8 (6 stages of 64-k chunks): 4096x4096 stays a cluster
+    // of 4, 4096x14336 global 8.
+    int qbad = 0, qcases = 0;
+    static int s_model = 0;
+    const auto resident = [](int c) {
+        static const int big[] = {132, 132, 0, 120, 0, 0, 0, 120}, small[] = {16, 16, 0, 16, 0, 0, 0, 8};
+        return (s_model == 0 ? big : small)[c - 1];
+    };
+    for (s_model = 0; s_model <= 1; ++s_model)
+        for (int stages : {4, 6})
+            for (int global_blocks : {0, 16, 132})
+                for (int rg : {1, 2, 8, 12, 16, 24, 33, 56, 112, 500})
+                    for (int chunks : {1, 3, 8, 16, 24, 32, 64, 112, 224}) {
+                        ++qcases;
+                        const qdetail::QWidePlan pl = qdetail::qwide_choose(rg, chunks, stages, stages == 4 ? 1.0 : 3.0, resident, global_blocks, 1, 0);
+                        const qdetail::QWidePlan p0 = qdetail::qwide_choose(rg, chunks, stages, stages == 4 ? 1.0 : 3.0, resident, global_blocks, 0, 0);
+                        const qdetail::QWidePlan p2 = qdetail::qwide_choose(rg, chunks, stages, stages == 4 ? 1.0 : 3.0, resident, global_blocks, 2, 0);
+                        const qdetail::QWidePlan p3 = qdetail::qwide_choose(rg, chunks, stages, stages == 4 ? 1.0 : 3.0, resident, global_blocks, 3, 0);
+                        const int c = pl.slices;
+                        if (p2.slices != c || p3.slices != c || p3.global || p2.global != (c > 1 && rg * c <= global_blocks)) ++qbad;
+                        if (c != 1 && c != 2 && c != 4 && c != 8) { ++qbad; continue; }
+                        if (chunks % c != 0 || pl.row_groups != rg) ++qbad;
+                        if (pl.global && (c == 1 || rg * c > global_blocks || rg * c <= resident(c))) ++qbad;
+                        // The cluster-only rule: the least waves x (chunks per slice + fill) + 1.5 per meeting.
+                        int want = 0;
+                        double best = 1e30;
+                        for (int cc = 1; cc <= 8; cc *= 2) {
+                            if (chunks % cc != 0 || resident(cc) < cc) continue;
+                            const int waves = (rg * cc + resident(cc) - 1) / resident(cc);
+                            const double cost = waves * (chunks / cc + stages - 1.0) + (cc > 1 ? 1.5 : 0.0);
+                            if (cost < best) best = cost, want = cc;
+                        }
+                        if (global_blocks == 0 && (pl.global || c != want)) ++qbad;
+                        if (p0.global || p0.slices != want) ++qbad;
+                    }
+    s_model = 0;
+    const auto wide_is = [&](bool int4, int rg, int k, int slices, bool global) {
+        const qdetail::QWidePlan pl = int4 ? qdetail::qwide_choose(rg, k / 128, 4, 1.0, resident, 132, 1, 0)
+                                           : qdetail::qwide_choose(rg, k / 64, 6, 3.0, resident, 132, 1, 0);
+        return pl.slices == slices && pl.global == global;
+    };
+    qbad += !wide_is(true, 16, 4096, 8, true) + !wide_is(true, 16, 14336, 8, true) + !wide_is(true, 24, 4096, 4, false) +
+            !wide_is(true, 12, 2048, 8, false) + !wide_is(false, 16, 4096, 4, false) + !wide_is(false, 16, 14336, 8, true);
+    std::printf("host selftest (quant_wide_kernel's K split, %d row group / chunk / stage / residency cases + the 8B and 1B shapes): "
+                "%d wrong: %s\n", qcases, qbad, qbad ? "FAILED" : "ok");
+    sbad += qbad;
 
     // The one-row tensor-core kernel's launch shapes for the Llama 1B / 8B at one token row on the
     // H200 (132 SMs x 16 resident warps), by hand from the rules (docs/CUDA.md "Session 20" and
@@ -1978,7 +2037,18 @@ int main(int argc, char** argv) try {
     std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
-    CK(cudaMalloc(&g_qwide_ws, size_t(kQwideWsBytes)));
+    g_qwide_ws_bytes = kQwidePrepBytes + qdetail::qwide_split_bytes(qdetail::qwide_split_slots());
+    CK(cudaMalloc(&g_qwide_ws, size_t(g_qwide_ws_bytes)));
+    CK(cudaMemset(g_qwide_ws, 0, size_t(g_qwide_ws_bytes)));
+    {
+        using G64 = qdetail::MlxInt4<64, bf16_t>;
+        using I8 = qdetail::Int8Channel<bf16_t>;
+        std::printf("quant_wide_kernel resident blocks in clusters of 1 / 2 / 4 / 8: MLX int4 g64 %d / %d / %d / %d, int8 %d / %d / %d / %d\n",
+                    qdetail::qwide_resident_blocks<G64, false, false>(1), qdetail::qwide_resident_blocks<G64, false, false>(2),
+                    qdetail::qwide_resident_blocks<G64, false, false>(4), qdetail::qwide_resident_blocks<G64, false, false>(8),
+                    qdetail::qwide_resident_blocks<I8, false, false>(1), qdetail::qwide_resident_blocks<I8, false, false>(2),
+                    qdetail::qwide_resident_blocks<I8, false, false>(4), qdetail::qwide_resident_blocks<I8, false, false>(8));
+    }
     const double copy = bench ? copy_gbs() : 0.0;
     if (bench) std::printf("device copy bandwidth (read + write): %.0f GB/s\n", copy);
 

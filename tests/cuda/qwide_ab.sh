@@ -4,8 +4,8 @@
 # 33-64 rows in staged passes of 16, 65+ on cuBLASLt over expanded weights; int8 / fp8 33+ on
 # cuBLASLt), on the GPU machine.
 # One phase per call keeps a call inside the run tool's 600 s (each step prints its rc as it ends):
-#   OUT=$OUT PHASE=checks|slices|racecheck|kbench|logits|e2e [MODELS="8b 1b"] [BATCHES=32,48,64,128,256]
-#       [ROUNDS=2] [VARIANTS="SCR_CUDA_QUANT_WIDE=256 default"] [BF16=1] [KROWS="32|48|64|96|128|256"]
+#   OUT=$OUT PHASE=checks|slices|global|racecheck|kbench|logits|e2e [MODELS="8b 1b"] [BATCHES=32,48,64,128,256]
+#       [ROUNDS=2] [VARIANTS="SCR_CUDA_QUANT_WIDE=256 default"] [BF16=1] [LMODE=wide|global] [KROWS="32|48|64|96|128|256"]
 #       [CFORMATS=mlx-int4-g64,mlx-int4-g32] [QPRESET=mlx-int4-g64|int8|...] [WIDE=NAME=VALUE]
 #       bash tests/cuda/qwide_ab.sh S_CARRY
 # S_CARRY/bin.tar.xz: scr and scr_cuda_quant_gemv of a CUDA build with llama-3.2-1b and llama-3.1-8b
@@ -17,10 +17,15 @@
 #              the same under compute-sanitizer's memcheck on three shapes;
 #   slices:    the checks with the K split forced to 1 and to 8 (SCR_CUDA_QUANT_WIDE_SLICES; g64, the
 #              1B and 8B shapes): both epilogues on every shape;
+#   global:    the checks with the rule's K split through global memory wherever one wave holds it
+#              and as clusters (SCR_CUDA_QUANT_WIDE_GLOBAL=2 / 3): both pass, with the same check lines
+#              (the same bits); memcheck of the global split on three shapes;
 #   racecheck: compute-sanitizer --tool racecheck (shared-memory hazards in the ring) on two shapes;
 #   kbench:    per-launch times at 32-256 rows of the 1B and 8B shapes (tc1 and bf16 rows of the table),
 #              SCR_CUDA_QUANT_WIDE=256 and the default;
-#   logits:    per model, qrows_logits.py --mode wide (steps of 33-100 rows against the defaults);
+#   logits:    per model, qrows_logits.py --mode ${LMODE:-wide} (wide: steps of 33-128 rows against
+#              the kernel off; global: the K split through global memory against the same split as
+#              clusters, bit for bit);
 #   e2e:       per model and round, `scr cuda-bench --prompt 128 --decode 64 --prefill 0` per variant,
 #              and with BF16=1 the bf16 checkpoint's defaults (first round).
 set -u
@@ -57,6 +62,23 @@ if has slices; then
         grep -E "tc1 +wide .*rows +256" "$OUT/slices_$sl.txt" | head -3
     done
 fi
+if has global; then
+    # The rule's K split through global memory wherever one wave holds it (SCR_CUDA_QUANT_WIDE_GLOBAL=2)
+    # against the same split as clusters (=3): every check passes both ways, and every check line
+    # (values, errors) is the same once the plan's tag (s8g16x / s8g16) is dropped: the same
+    # additions in the same order.
+    for g in 3 2; do
+        step global_$g 330 env $WIDE SCR_CUDA_QUANT_WIDE_GLOBAL=$g $S/scr_cuda_quant_gemv --no-bench --formats ${CFORMATS:-mlx-int4-g64,mlx-int4-g32}; said
+        grep -E "FAILED|checks passed" "$OUT/global_$g.txt" | tail -3
+        grep -E "^check" "$OUT/global_$g.txt" | sed -E 's/ wide s[0-9]+g[0-9]+x?/ wide/' > "$OUT/global_$g.lines"
+    done
+    grep -cE "wide s[0-9]+g[0-9]+x .* -> ok" "$OUT/global_2.txt" | sed 's/^/global-split checks ok: /'
+    if cmp -s "$OUT/global_3.lines" "$OUT/global_2.lines"; then echo "global vs cluster: the same check lines ($(wc -l < "$OUT/global_3.lines"))"
+    else echo "global vs cluster: check lines DIFFER"; diff "$OUT/global_3.lines" "$OUT/global_2.lines" | head -8; fi
+    step global_mem 200 env $WIDE SCR_CUDA_QUANT_WIDE_GLOBAL=2 compute-sanitizer --tool memcheck --error-exitcode 9 $S/scr_cuda_quant_gemv --no-bench \
+        --formats ${CFORMATS%%,*} --shapes 4096x4096,4096x14336,1001x384; said
+    grep -h "ERROR SUMMARY\|checks passed\|FAILED" "$OUT/global_mem.txt" | tail -4
+fi
 if has racecheck; then
     step racecheck 500 env $WIDE compute-sanitizer --tool racecheck --error-exitcode 9 $S/scr_cuda_quant_gemv --no-bench \
         --formats mlx-int4-g64 --shapes 2048x2048,1001x384; said
@@ -79,7 +101,7 @@ for m in ${MODELS-8b 1b}; do
     step quant_$m 300 $S/scr quantize "$M" "$M-q" --preset $QP; said
     Q=$M-q
     if has logits; then
-        step logits_$m 450 python3 tests/cuda/qrows_logits.py --mode wide --quant $QP $S/scr "$Q"; said
+        step logits_$m 450 python3 tests/cuda/qrows_logits.py --mode ${LMODE:-wide} --quant $QP $S/scr "$Q"; said
         tail -10 "$OUT/logits_$m.txt"
     fi
     if has e2e; then
