@@ -612,14 +612,15 @@ bool qwide_ready() {
     }();
     return set;
 }
-// Blocks resident at once in clusters of c (0: the kernel cannot run so).
-template <class F, bool SWIGLU, bool NORM>
+// Blocks resident at once in clusters of c (0: the kernel cannot run so); GSPLIT: of the global
+// split's instance (single blocks only).
+template <class F, bool SWIGLU, bool NORM, bool GSPLIT = false>
 int qwide_resident_blocks(int c) {
     if (!qwide_ready<F, SWIGLU, NORM>()) return 0;
     if (c == 1) {
         int blocks = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_wide_kernel<F, SWIGLU, NORM>, kQwWarps * kWarp, qwide_smem<F>()) !=
-            cudaSuccess) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, quant_wide_kernel<F, SWIGLU, NORM, GSPLIT>, kQwWarps * kWarp,
+                                                          qwide_smem<F>()) != cudaSuccess) {
             cudaGetLastError();
             return 0;
         }
@@ -637,7 +638,7 @@ int qwide_resident_blocks(int c) {
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, quant_wide_kernel<F, SWIGLU, NORM>, &cfg) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveClusters(&clusters, quant_wide_kernel<F, SWIGLU, NORM, false>, &cfg) != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
@@ -649,10 +650,10 @@ inline int qwide_slices_override() {
         "SCR_CUDA_QUANT_WIDE_SLICES", 0, [](long long c) { return c == 1 || c == 2 || c == 4 || c == 8; }, "1, 2, 4 or 8", "the rule"));
     return v;
 }
-// SCR_CUDA_QUANT_WIDE_GLOBAL: 0 never splits K through global memory (clusters only, the plans of
-// session 36), 1 (default) where the cost rule picks it; for checks and A/B runs, the split of rule 1
-// 2 through global memory wherever one wave holds it, 3 always as clusters (which then run in
-// waves): 2 and 3 must give the same bits.
+// SCR_CUDA_QUANT_WIDE_GLOBAL: 0 never splits K through global memory (clusters only: session 36's
+// plans); 1 (default) where the cost rule picks it; for checks and A/B runs, 2 takes rule 1's split
+// through global memory wherever one wave holds it and 3 runs it as clusters (in waves): 2 and 3
+// must give the same bits.
 inline int qwide_global_switch() {
     static const int v = int(env_int_switch(
         "SCR_CUDA_QUANT_WIDE_GLOBAL", 1, [](long long c) { return c >= 0 && c <= 3; }, "0, 1, 2 or 3", "1"));
@@ -711,14 +712,8 @@ QWidePlan qwide_plan(int row_groups, int chunks) {
         if (e.row_groups == row_groups && e.chunks == chunks) return e.plan;
     // The global split's blocks: one wave of its instance's single blocks, within the workspace's
     // slots per tile.
-    int per_sm = 0;
-    if (!qwide_ready<F, SWIGLU, NORM>() ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, quant_wide_kernel<F, SWIGLU, NORM, true>, kQwWarps * kWarp, qwide_smem<F>()) !=
-            cudaSuccess) {
-        cudaGetLastError();
-        per_sm = 0;
-    }
-    const int global_blocks = std::min(per_sm * device_sm_count(), qwide_split_slots() / (kQwMaxRows / kQwTokens));
+    const int global_blocks =
+        std::min(qwide_resident_blocks<F, SWIGLU, NORM, true>(1), qwide_split_slots() / (kQwMaxRows / kQwTokens));
     const QWidePlan plan = qwide_choose(
         row_groups, chunks, QwFmt<F>::kStages, QwFmt<F>::kInt4 ? 1.0 : 3.0, [](int c) { return qwide_resident_blocks<F, SWIGLU, NORM>(c); }, global_blocks,
         qwide_global_switch(), qwide_slices_override());
