@@ -506,6 +506,15 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
     static_assert(kQwWarps * kVals * kWarp == kQwPartFloats, "a block's partials");
     static_assert(size_t(kQwPartFloats) * 4 <= qwide_smem<F>(), "the partials reuse the ring's shared memory");
     auto slot = [&](int v) { return (warp * kVals + v) * kWarp + lane; };
+    // This lane's partials, in slot order, to shared memory or to the global split's workspace slot.
+    auto store_partials = [&](float* to) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int n = 0; n < TN; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) to[slot((m * TN + n) * 4 + e)] = acc[m][n][e];
+    };
     // The outputs of this block: every position (one slice; the global split's last block), or
     // those with v % slices == rank (a cluster).
     // SwiGLU: the gate's positions (m = 0), each with its up partner (m = 1).
@@ -525,13 +534,7 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
         // block's partials; the counter of this split size stays a multiple of it between launches).
         const int cell = tt * int(gridDim.y) + rg;  // this block's (tile, row group)
         const float* const part = w.part + size_t(cell) * slices * kQwPartFloats;
-        float* const mine = w.part + (size_t(cell) * slices + blockIdx.z) * kQwPartFloats;
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int n = 0; n < TN; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) mine[slot((m * TN + n) * 4 + e)] = acc[m][n][e];
+        store_partials(w.part + (size_t(cell) * slices + blockIdx.z) * kQwPartFloats);
         __shared__ bool last_s;
         __threadfence();
         __syncthreads();
@@ -558,12 +561,7 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
         finish(0, 1, [&](int v) { return red[slot(v)]; });  // each lane reads back its own sums
         return;
     } else {
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int n = 0; n < TN; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) red[slot((m * TN + n) * 4 + e)] = acc[m][n][e];
+        store_partials(red);
         if (slices == 1) {
             // Each lane reads back only its own partials: program order suffices, no barrier.
             finish(0, 1, [&](int v) { return red[slot(v)]; });
