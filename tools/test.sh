@@ -60,10 +60,10 @@ if [ -f compiler/targets/cuda_emitter.cpp ] && command -v nvcc >/dev/null 2>&1; 
   # The quantized tensor-core kernels' data paths emulated on the host (no GPU needed): the unpacking
   # tricks, a warp of quant_mma_kernel, a block of quant_wide_kernel, the split rules.
   build-cuda-ci/tests/cuda/scr_cuda_quant_gemv --host-selftest
-  # The quantized kernels (MLX int4, int8, fp8 per channel and per tensor) too: the same build
-  # folder reconfigured, so only the generated models and the link are redone. MoE takes no
-  # quantized preset, hence tiny-llama alone.
-  cmake -S . -B build-cuda-ci -DSCR_MODELS="tiny-llama" -DSCR_QUANT="mlx-int4-g32;int8;fp8;fp8-tensor"
+  # The quantized kernels (MLX int4, int8, fp8 per channel and per tensor) too, dense and MoE
+  # experts (kernels/cuda/moe_quant.cuh): the same build folder reconfigured, so only the generated
+  # models and the link are redone.
+  cmake -S . -B build-cuda-ci -DSCR_MODELS="tiny-llama;tiny-qwen3-moe" -DSCR_QUANT="mlx-int4-g32;int8;fp8;fp8-tensor"
   cmake --build build-cuda-ci -j"$jobs" --target scr
 fi
 if command -v clang++ >/dev/null 2>&1; then

@@ -169,10 +169,26 @@ private:
                      p.per_tensor ? "per tensor" : p.group_size > 0 ? fmt::format("group {}", p.group_size) : "per channel");
             (void)ctype(p.scale_dtype);  // scales the kernels read: f32 / bf16 / f16
             for (auto& op : g_.ops) {
-                if (op.kind == ir::OpKind::moe && op.weights.size() > 1 && g_.tensors[op.weights[1]].quantized())
-                    fail("{}: quant preset {}: the CUDA target does not run MoE experts over quantized weights yet (layer {}; "
-                         "the cpu target does)",
-                         b_.stem, p.name, op.layer);
+                if (op.kind == ir::OpKind::moe && op.weights.size() > 1 && g_.tensors[op.weights[1]].quantized()) {
+                    // Quantized experts (kernels/cuda/moe_quant.cuh): every expert projection in the preset's
+                    // format (apply.cpp quantizes all or refuses), whole chunks / groups of K, a dense router.
+                    if (g_.tensors[op.weights[0]].quantized())
+                        fail("{}: quant preset {}: the CUDA target reads MoE routers dense only (layer {})", b_.stem, p.name, op.layer);
+                    const int64_t align = mlx4 ? p.group_size : 16;
+                    // weights[1 .. 3 E]: the experts' projections (optional routing tensors follow them)
+                    const size_t experts_end = std::min(op.weights.size(), 1 + 3 * size_t(op.attr.at("experts")));
+                    for (size_t j = 1; j < experts_end; ++j) {
+                        if (op.weights[j] < 0) continue;
+                        const auto& t = g_.tensors[op.weights[j]];
+                        if (!t.quantized())
+                            fail("{}: quant preset {}: MoE expert weight {} is dense beside quantized ones", b_.stem, p.name, t.name);
+                        if (t.logical[1] % align != 0)
+                            fail("{}: quant preset {}: tensor {} has {} inputs, not a multiple of {} (the CUDA quantized expert "
+                                 "GEMV's unit)",
+                                 b_.stem, p.name, t.name, t.logical[1], align);
+                    }
+                    continue;
+                }
                 // Only weights[0] selects the quantized path: any other quantized weight of a dense op is refused.
                 for (size_t j = quantized_op(op) ? op.weights.size() : 1; j < op.weights.size(); ++j)
                     if (op.weights[j] >= 0 && g_.tensors[op.weights[j]].quantized())
@@ -213,6 +229,15 @@ private:
             if (op.kind == ir::OpKind::rope &&
                 (attr_or(op, "interleaved", 0) != 0 || attr_or(op, "mscale", 1) != 1 || attr_or(op, "long_after", 0) > 0))
                 fail("{}: the CUDA target implements RoPE in the neox layout without mscale or longrope only", b_.stem);
+            // MoE: softmax top-k routing over the per-expert layout (kernels/cuda/moe.cuh); the CPU
+            // target's other routings and GPT-OSS's stacked experts are refused here, never read as it.
+            if (op.kind == ir::OpKind::moe &&
+                (attr_or(op, "layout", 0) != 0 || attr_or(op, "scoring", 0) != 0 || attr_or(op, "groups", 1) > 1 ||
+                 attr_or(op, "router_bias_index", -1) >= 0 || attr_or(op, "choice_bias_index", -1) >= 0 || attr_or(op, "scale", 1) != 1))
+                fail("{}: the CUDA target implements MoE with softmax top-k routing over per-expert weights only (layer {}: "
+                     "stacked experts, sigmoid scoring, grouped top-k, router or choice biases and routed scaling are not "
+                     "implemented for CUDA)",
+                     b_.stem, op.layer);
             if (op.kind != ir::OpKind::attention) continue;
             if (!op.weights.empty() && op.weights[0] >= 0 && g_.tensors[op.weights[0]].dtype != DType::f32)
                 fail("{}: the CUDA target reads attention sinks as f32 (tensor {})", b_.stem, g_.tensors[op.weights[0]].name);
@@ -400,8 +425,12 @@ private:
             }
             case ir::OpKind::moe: {
                 std::string experts = fmt::format("dwp(wl + {})", op.weights[1] - wbase);
-                return fmt::format("k::moe<{}, {}, {}, {}, {}, {}, {}>(c, {}, {}, {}, {}, {}, {}, M);", attr(op, "hidden"), attr(op, "ffn"),
-                                   attr(op, "experts"), attr(op, "top_k"), op.attr.at("normalize") ? "true" : "false", wt(op, 1), wt(op, 0),
+                // Quantized experts: moe_quant over the preset's format, the experts' table as the CPU
+                // target reads it (each projection's codes, scales and biases adjacent).
+                const bool quant_experts = g_.tensors[op.weights[1]].quantized();
+                return fmt::format("k::{}<{}, {}, {}, {}, {}, {}, {}>(c, {}, {}, {}, {}, {}, {}, M);", quant_experts ? "moe_quant" : "moe",
+                                   attr(op, "hidden"), attr(op, "ffn"), attr(op, "experts"), attr(op, "top_k"),
+                                   op.attr.at("normalize") ? "true" : "false", quant_experts ? quant_format() : wt(op, 1), wt(op, 0),
                                    rows(in[0]), ptr(in[0]), W(op, 0), experts, op.residual >= 0 ? ptr(op.residual) : "nullptr", ptr(o0));
             }
             case ir::OpKind::add:

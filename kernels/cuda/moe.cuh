@@ -250,11 +250,16 @@ void moe_experts(const Ctx& c, int rows, const float* x, const void* const* expe
     detail::moe_combine_kernel<H, TOPK><<<dim3(ceil_div(H, 128), rows), 128, 0, c.stream>>>(rows, top_id, top_w, y, residual, out);
 }
 
-template <int H, int F, int E, int TOPK, bool NORMALIZE, typename WT, typename RT>
-void moe(const Ctx& c, int rows, const float* x, const RT* router, const void* const* experts, const float* residual, float* out,
-         float* ws) {
+// The router linear and the top-k routing of `rows` rows: ws holds the logits, then the picks'
+// expert ids and weights (their addresses are returned); the experts' workspace follows them.
+struct MoeRouted {
+    const int32_t* top_id;
+    const float* top_w;
+    float* rest;  // the experts' workspace (moe_experts_floats)
+};
+template <int H, int E, int TOPK, bool NORMALIZE, typename RT>
+MoeRouted moe_route(const Ctx& c, int rows, const float* x, const RT* router, float* ws) {
     static_assert(TOPK >= 1 && TOPK <= E && TOPK <= 32, "top_k must be within the expert count (and at most 32)");
-    if (rows <= 0) return;
     float* logits = ws;
     int32_t* top_id = reinterpret_cast<int32_t*>(logits + size_t(rows) * E);
     float* top_w = reinterpret_cast<float*>(top_id + size_t(rows) * TOPK);
@@ -264,7 +269,15 @@ void moe(const Ctx& c, int rows, const float* x, const RT* router, const void* c
     else
         detail::moe_route_warp_kernel<E, TOPK, NORMALIZE>
             <<<ceil_div(rows, detail::kRouteWarps), detail::kRouteWarps * kWarp, 0, c.stream>>>(rows, logits, top_id, top_w);
-    moe_experts<H, F, E, TOPK, WT>(c, rows, x, experts, top_id, top_w, residual, out, top_w + size_t(rows) * TOPK);
+    return {top_id, top_w, top_w + size_t(rows) * TOPK};
+}
+
+template <int H, int F, int E, int TOPK, bool NORMALIZE, typename WT, typename RT>
+void moe(const Ctx& c, int rows, const float* x, const RT* router, const void* const* experts, const float* residual, float* out,
+         float* ws) {
+    if (rows <= 0) return;
+    const MoeRouted r = moe_route<H, E, TOPK, NORMALIZE>(c, rows, x, router, ws);
+    moe_experts<H, F, E, TOPK, WT>(c, rows, x, experts, r.top_id, r.top_w, residual, out, r.rest);
 }
 
 }  // namespace scr::kernels::cuda

@@ -6,6 +6,7 @@
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/moe_quant.cuh"
 #include "kernels/cuda/quant_ops.cuh"
 
 namespace scr::kernels::cuda {

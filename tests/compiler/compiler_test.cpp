@@ -273,3 +273,40 @@ TEST(Emit, GeneratedCodeHasLiteralShapes) {
     EXPECT_NE(code.find("k::attention<6, 2, 16, 16, float>"), std::string::npos);
     EXPECT_NE(code.find("for (int l = 1; l < 3; ++l)"), std::string::npos) << code;  // identical layers fold
 }
+
+// The CUDA target's MoE: quantized experts run as k::moe_quant over the preset's format (the experts'
+// table at the first expert weight, as the CPU target reads it), dense ones as k::moe; routings the
+// CUDA kernels do not implement are refused by name, never emitted as softmax top-k.
+TEST(Emit, CudaMoeOverQuantizedExpertsAndRefusedRoutings) {
+    const fs::path arch = kRoot / "models/arch/qwen3_moe.scr";
+    const json cfg = read_json(kRoot / "tests/fixtures/Qwen3MoeForCausalLM/config.json");
+    auto emit_with = [&](const char* q) {
+        auto b = bind_file(arch, cfg, q);
+        passes::fuse(b.graph);
+        passes::plan_memory(b.graph, 512, 256);
+        return emit::emit_cuda(b);
+    };
+    const std::string int8 = emit_with("int8");
+    EXPECT_NE(int8.find("k::moe_quant<96, 64, 4, 2, true, k::qdetail::Int8Channel<bf16_t>, float>("), std::string::npos) << int8;
+    EXPECT_EQ(int8.find("k::moe<"), std::string::npos);
+    const std::string int4 = emit_with("mlx-int4-g32");
+    EXPECT_NE(int4.find("k::moe_quant<96, 64, 4, 2, true, k::qdetail::MlxInt4<32, bf16_t>, float>("), std::string::npos) << int4;
+    const std::string dense = emit_with("bf16");
+    EXPECT_NE(dense.find("k::moe<96, 64, 4, 2, true, bf16_t,"), std::string::npos) << dense;
+    EXPECT_EQ(dense.find("k::moe_quant<"), std::string::npos);
+
+    // The same architecture with DeepSeek's sigmoid scoring: the CPU target runs it, CUDA refuses it.
+    std::ifstream in(arch);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string plain = "normalize=norm_topk)";
+    ASSERT_NE(text.find(plain), std::string::npos);
+    text.replace(text.find(plain), plain.size(), "normalize=norm_topk, scoring=\"sigmoid\")");
+    auto b = bind::bind(dsl::parse("sigmoid.scr", text), cfg, "config.json", "test", preset("bf16"), bind::BuildParams{});
+    passes::fuse(b.graph);
+    passes::plan_memory(b.graph, 512, 256);
+    EXPECT_NE(emit::emit_cpu(b).find("k::Scoring::sigmoid"), std::string::npos);
+    const std::string msg = error_of([&] { emit::emit_cuda(b); });
+    EXPECT_NE(msg.find("the CUDA target implements MoE with softmax top-k routing over per-expert weights only (layer 0"),
+              std::string::npos)
+        << msg;
+}

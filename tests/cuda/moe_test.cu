@@ -12,8 +12,10 @@
 //   * routings: uniform (distinct random experts per row) and skewed (every row picks the same
 //     experts: long runs cut into many chunks); outputs poisoned with NaN first.
 // Shapes: a small one, the tiny Qwen3-MoE fixture's (H 96, F 64, 4 experts, top 2) and
-// Qwen3-30B-A3B's (H 2048, F 768, 128 experts, top 8). Then (unless --no-bench) the time per call
-// of both implementations at Qwen3-30B-A3B's shape for 1 to 2,048 rows.
+// Qwen3-30B-A3B's (H 2048, F 768, 128 experts, top 8). Then the quantized experts (moe_quant.cuh:
+// MLX int4 g32 / g64 / g128, int8, fp8 per channel and per tensor) against float64 and alone vs
+// in a batch. Then (unless --no-bench) the time per call at Qwen3-30B-A3B's shape: the quantized
+// experts beside the bf16 ones for 1 to 256 rows, and both bf16 implementations for 1 to 2,048.
 // Exit: 0 all checks passed, 1 a check failed, 77 no GPU (ctest skips).
 #include <cuda_runtime_api.h>
 
@@ -27,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/moe_quant.cuh"
 #include "tests/cuda/cuda_check.hpp"
 
 using namespace scr::kernels::cuda;
@@ -92,6 +94,7 @@ struct Shape {
         const size_t at = (m < 2 ? size_t(m) * E * kGate : 0) + size_t(e) * kGate + i;
         return bf16_value(bf16_bits(unit(seed, at) * (m < 2 ? scale_h : scale_f)));
     }
+    double magnitude(int m, int e, size_t i) const { return std::fabs(weight(m, e, i)); }  // what sets a dot's rounding
 };
 
 struct Routing {
@@ -137,8 +140,8 @@ struct Launch {
 };
 
 // float64 reference of one row's output with its error bound.
-template <int H, int F, int E, int K>
-void reference_row(const Shape<H, F, E, K>& s, const float* x, const float* res, const int32_t* ids, const float* tw, std::vector<double>& ref,
+template <int H, int F, int E, int K, class S>
+void reference_row(const S& s, const float* x, const float* res, const int32_t* ids, const float* tw, std::vector<double>& ref,
                    std::vector<double>& bound) {
     ref.assign(H, 0.0);
     bound.assign(H, 0.0);
@@ -155,8 +158,8 @@ void reference_row(const Shape<H, F, E, K>& s, const float* x, const float* res,
                 const double wg = s.weight(0, e, size_t(f) * H + h), wu = s.weight(1, e, size_t(f) * H + h);
                 g += wg * x[h];
                 u += wu * x[h];
-                ag += std::fabs(wg * x[h]);
-                au += std::fabs(wu * x[h]);
+                ag += s.magnitude(0, e, size_t(f) * H + h) * std::fabs(x[h]);
+                au += s.magnitude(1, e, size_t(f) * H + h) * std::fabs(x[h]);
             }
             const double dg = 2e-5 * ag + 1e-6, du = 2e-5 * au + 1e-6;
             const double sg = 1.0 / (1.0 + std::exp(-g));
@@ -169,7 +172,7 @@ void reference_row(const Shape<H, F, E, K>& s, const float* x, const float* res,
             for (int f = 0; f < F; ++f) {
                 const double wd = s.weight(2, e, size_t(h) * F + f);
                 y += wd * act[f];
-                ay += std::fabs(wd * act[f]);
+                ay += s.magnitude(2, e, size_t(h) * F + f) * std::fabs(act[f]);
                 dy += std::fabs(wd) * dact[f];
             }
             ref[h] += double(tw[j]) * y;
@@ -221,7 +224,7 @@ int check_shape(const Shape<H, F, E, K>& s, cudaStream_t st, std::initializer_li
             int bad[2] = {0, 0};
             std::vector<double> ref, bound;
             for (const int i : check) {
-                reference_row(s, &x[size_t(i) * H], &res[size_t(i) * H], &r.ids[size_t(i) * K], &r.weights[size_t(i) * K], ref, bound);
+                reference_row<H, F, E, K>(s, &x[size_t(i) * H], &res[size_t(i) * H], &r.ids[size_t(i) * K], &r.weights[size_t(i) * K], ref, bound);
                 for (int path = 0; path < 2; ++path)
                     for (int h = 0; h < H; ++h) {
                         const double err = std::fabs(double(got[path][size_t(i) * H + h]) - ref[h]);
@@ -284,6 +287,218 @@ int check_shape(const Shape<H, F, E, K>& s, cudaStream_t st, std::initializer_li
     return failures;
 }
 
+// ---- Quantized experts (kernels/cuda/moe_quant.cuh: moe_quant_experts) ----
+// Random experts in the quantized format Q (qdetail::MlxInt4 / Int8Channel / Fp8E4M3, bf16 scales),
+// generated here so the reference reads the very codes and scales the GPU reads: each projection's
+// codes, scales (and MLX biases) uploaded as separate tensors and the experts' table in the weight
+// table's order (expert e's projection j at (3 e + j) x the tensors per projection).
+template <int H, int F, int E, int K, class Q>
+struct QShape {
+    static constexpr int P = qdetail::kQuantTensors<Q>;
+    struct Mat {
+        int n, k;
+        std::vector<uint8_t> q;
+        std::vector<uint16_t> scales, biases;
+    };
+    const char* name;
+    std::vector<Mat> mats;  // 3 e + j
+    std::vector<void*> dev;
+    void** table = nullptr;
+
+    static size_t code_bytes(int n, int k) { return Q::kAffine ? size_t(n) * k / 2 : size_t(n) * k; }
+    static int scale_count(int n, int k) {
+        if constexpr (Q::kAffine) return n * (k / Q::kGroup);
+        else return Q::kPerTensor ? 1 : n;
+    }
+    QShape(const char* nm, uint64_t seed) : name(nm) {
+        std::vector<void*> t;
+        for (int e = 0; e < E; ++e)
+            for (int j = 0; j < 3; ++j) {
+                Mat m{j < 2 ? F : H, j < 2 ? H : F, {}, {}, {}};
+                const uint64_t ms = seed * 1000003 + uint64_t(3 * e + j);
+                m.q.resize(code_bytes(m.n, m.k));
+                for (size_t i = 0; i < m.q.size(); i += 8) {
+                    const uint64_t r = mix(ms * 0x9e3779b97f4a7c15ull + i);
+                    std::memcpy(&m.q[i], &r, std::min<size_t>(8, m.q.size() - i));
+                }
+                if constexpr (!Q::kAffine) {
+                    if constexpr (Q::kFp8)
+                        for (auto& byte : m.q)
+                            if ((byte & 0x7f) == 0x7f) byte -= 1;  // no NaN codes: scr quantize never writes them
+                }
+                // |w| ~ 1 / sqrt(k): MLX s * (0..15) + b with b ~ -7.5 s; int8 s * (-128..127); fp8 s * e4m3
+                const double w = 1.0 / std::sqrt(double(m.k));
+                for (int i = 0; i < scale_count(m.n, m.k); ++i) {
+                    const double u = 0.5 + 0.5 * (unit(ms + 7, i) + 1.0);  // [0.5, 1.5)
+                    if constexpr (Q::kAffine) {
+                        const double sc = 2.0 * w / 15.0 * u;
+                        m.scales.push_back(bf16_bits(float(sc)));
+                        m.biases.push_back(bf16_bits(float(-7.5 * sc * (0.8 + 0.2 * (unit(ms + 9, i) + 1.0)))));
+                    } else {
+                        m.scales.push_back(bf16_bits(float((Q::kFp8 ? 8.0 * w / 448.0 : w / 127.0) * u)));
+                    }
+                }
+                auto upload = [&](const void* src, size_t bytes) {
+                    void* d = nullptr;
+                    CK(cudaMalloc(&d, bytes));
+                    CK(cudaMemcpy(d, src, bytes, cudaMemcpyHostToDevice));
+                    dev.push_back(d);
+                    t.push_back(d);
+                };
+                upload(m.q.data(), m.q.size());
+                upload(m.scales.data(), m.scales.size() * 2);
+                if (Q::kAffine) upload(m.biases.data(), m.biases.size() * 2);
+                mats.push_back(std::move(m));
+            }
+        if (t.size() != size_t(3 * E * P)) throw std::runtime_error("QShape: table size");
+        CK(cudaMalloc(&table, t.size() * sizeof(void*)));
+        CK(cudaMemcpy(table, t.data(), t.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    }
+    ~QShape() {
+        for (void* d : dev) cudaFree(d);
+        cudaFree(table);
+    }
+    // Element i (row i / k, column i % k) of projection m (0 gate, 1 up, 2 down) of expert e, from the
+    // layout's definition; with magnitude the |s q| + |b| the kernel's factored sums carry.
+    double value(int mi, int e, size_t i, bool magnitude) const {
+        const Mat& m = mats[size_t(3 * e + mi)];
+        const size_t r = i / size_t(m.k), c = i % size_t(m.k);
+        if constexpr (Q::kAffine) {
+            const double q = double((m.q[(r * m.k + c) / 2] >> (4 * (c % 2))) & 15u);
+            const size_t g = r * (m.k / Q::kGroup) + c / Q::kGroup;
+            const double sc = bf16_value(m.scales[g]), b = bf16_value(m.biases[g]);
+            return magnitude ? std::fabs(sc * q) + std::fabs(b) : sc * q + b;
+        } else {
+            const uint8_t byte = m.q[r * m.k + c];
+            double q;
+            if constexpr (Q::kFp8) {
+                const int ex = (byte >> 3) & 15, mt = byte & 7;
+                q = ex == 0 ? std::ldexp(double(mt), -9) : std::ldexp(double(8 + mt), ex - 10);
+                if (byte & 0x80) q = -q;
+            } else {
+                q = double(int8_t(byte));
+            }
+            const double v = bf16_value(m.scales[Q::kPerTensor ? 0 : r]) * q;
+            return magnitude ? std::fabs(v) : v;
+        }
+    }
+    double weight(int m, int e, size_t i) const { return value(m, e, i, false); }
+    double magnitude(int m, int e, size_t i) const { return value(m, e, i, true); }
+};
+
+// moe_quant_experts against the float64 reference (reference_row, the same bound as the bf16
+// experts: each dot within 2e-5 of its magnitude sum + 1e-6), and batch invariance (each checked
+// row launched alone: the same bits). Outputs poisoned with NaN first.
+template <int H, int F, int E, int K, class Q>
+int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::initializer_list<int> row_counts) {
+    int failures = 0;
+    std::mt19937 rng(4321 + H);
+    std::uniform_real_distribution<float> xd(-1.0f, 1.0f);
+    Ctx c;
+    c.stream = st;
+    for (const bool skewed : {false, true})
+        for (const int rows : row_counts) {
+            std::vector<float> x(size_t(rows) * H), res(size_t(rows) * H);
+            for (auto& v : x) v = xd(rng);
+            for (auto& v : res) v = xd(rng);
+            const Routing r = make_routing<E, K>(rows, skewed, rng);
+            std::vector<int> check;
+            const int stride = rows <= 16 ? 1 : rows / 8;
+            for (int i = 0; i < rows; i += stride) check.push_back(i);
+            if (check.back() != rows - 1) check.push_back(rows - 1);
+            Launch<H, F, E, K> L(rows), one(1);
+            auto launch = [&](Launch<H, F, E, K>& l, int n) {
+                CK(cudaMemset(l.out, 0xff, size_t(n) * H * 4));  // NaN
+                moe_quant_experts<H, F, E, K, Q>(c, n, l.x, s.table, l.ids, l.tw, l.res, l.out, l.ws);
+                CK(cudaGetLastError());
+                CK(cudaStreamSynchronize(st));
+                std::vector<float> got(size_t(n) * H);
+                CK(cudaMemcpy(got.data(), l.out, got.size() * 4, cudaMemcpyDeviceToHost));
+                return got;
+            };
+            CK(cudaMemcpy(L.x, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(L.res, res.data(), res.size() * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(L.ids, r.ids.data(), r.ids.size() * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(L.tw, r.weights.data(), r.weights.size() * 4, cudaMemcpyHostToDevice));
+            const std::vector<float> got = launch(L, rows);
+            double worst = 0.0;
+            int bad = 0, differ = 0;
+            std::vector<double> ref, bound;
+            for (const int i : check) {
+                reference_row<H, F, E, K>(s, &x[size_t(i) * H], &res[size_t(i) * H], &r.ids[size_t(i) * K], &r.weights[size_t(i) * K], ref,
+                                          bound);
+                for (int h = 0; h < H; ++h) {
+                    const double err = std::fabs(double(got[size_t(i) * H + h]) - ref[h]);
+                    if (!(err <= bound[h])) {
+                        if (bad++ < 3)
+                            std::printf("  %s rows %d %s row %d h %d: got %.9g want %.9g (bound %.3g)\n", s.name, rows,
+                                        skewed ? "skewed" : "uniform", i, h, got[size_t(i) * H + h], ref[h], bound[h]);
+                    } else {
+                        worst = std::max(worst, err / bound[h]);
+                    }
+                }
+                CK(cudaMemcpy(one.x, &x[size_t(i) * H], H * 4, cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(one.res, &res[size_t(i) * H], H * 4, cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(one.ids, &r.ids[size_t(i) * K], K * 4, cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(one.tw, &r.weights[size_t(i) * K], K * 4, cudaMemcpyHostToDevice));
+                const std::vector<float> alone = launch(one, 1);
+                differ += std::memcmp(alone.data(), &got[size_t(i) * H], H * 4) != 0;
+            }
+            const bool ok = bad == 0 && differ == 0;
+            failures += !ok;
+            std::printf("%s %s, %d rows %s (%zu checked): quantized experts %s (worst err/bound %.2e), rows alone %s\n",
+                        ok ? "ok  " : "FAIL", s.name, rows, skewed ? "skewed" : "uniform", check.size(), bad ? "FAIL" : "pass", worst,
+                        differ ? "DIFFER" : "same bits");
+        }
+    return failures;
+}
+
+// Time per call of the quantized experts at a shape, beside the bf16 experts' per-pair GEMVs and
+// grouped GEMMs of the same shape (one run, the same stream; uniform routing).
+template <int H, int F, int E, int K, class Q>
+void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s, const char* fmt, cudaStream_t st) {
+    std::printf("\n%s, %s experts, us per call (events, mean after one warm-up; uniform routing):\n", q.name, fmt);
+    std::printf("| rows | pairs | %s per-pair GEMVs | bf16 per-pair GEMVs | bf16 grouped GEMMs |\n|---:|---:|---:|---:|---:|\n", fmt);
+    std::mt19937 rng(77);
+    std::uniform_real_distribution<float> xd(-1.0f, 1.0f);
+    Ctx c;
+    c.stream = st;
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (const int rows : {1, 4, 16, 64, 256}) {
+        Launch<H, F, E, K> L(rows);
+        std::vector<float> x(size_t(rows) * H);
+        for (auto& v : x) v = xd(rng);
+        const Routing r = make_routing<E, K>(rows, false, rng);
+        CK(cudaMemcpy(L.x, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(L.res, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(L.ids, r.ids.data(), r.ids.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(L.tw, r.weights.data(), r.weights.size() * 4, cudaMemcpyHostToDevice));
+        double us[3];
+        for (int path = 0; path < 3; ++path) {
+            auto one = [&] {
+                if (path == 0) moe_quant_experts<H, F, E, K, Q>(c, rows, L.x, q.table, L.ids, L.tw, L.res, L.out, L.ws);
+                else L.run(c, s, rows);
+            };
+            moe_gemm_override() = path == 2 ? 1 : 0;
+            const int iters = rows >= 256 ? 5 : 20;
+            one();
+            CK(cudaEventRecord(a, st));
+            for (int i = 0; i < iters; ++i) one();
+            CK(cudaEventRecord(b, st));
+            CK(cudaEventSynchronize(b));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, a, b));
+            us[path] = 1000.0 * ms / iters;
+        }
+        moe_gemm_override() = -1;
+        std::printf("| %d | %d | %.1f | %.1f | %.1f |\n", rows, rows * K, us[0], us[1], us[2]);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+}
+
 template <int H, int F, int E, int K>
 void time_shape(const Shape<H, F, E, K>& s, cudaStream_t st) {
     std::printf("\n%s, us per call (events, mean of the iterations after one warm-up; uniform routing):\n", s.name);
@@ -341,6 +556,30 @@ int main(int argc, char** argv) try {
     }
     const Shape<2048, 768, 128, 8> big("H2048 F768 E128 top8 (Qwen3-30B-A3B)");
     failures += check_shape(big, st, {1, 16, 260});
+    // Quantized experts (moe_quant_experts) in every format the CUDA target reads, bf16 scales.
+    using B = bf16_t;
+    {
+        const QShape<96, 64, 4, 2, qdetail::MlxInt4<32, B>> q("H96 F64 E4 top2 MLX int4 g32", 31);
+        failures += check_quant_shape(q, st, {1, 5, 33});
+        const QShape<96, 64, 4, 2, qdetail::Int8Channel<B>> i8("H96 F64 E4 top2 int8", 32);
+        failures += check_quant_shape(i8, st, {1, 5, 33});
+        const QShape<96, 64, 4, 2, qdetail::Fp8E4M3<B, false>> f8("H96 F64 E4 top2 fp8", 33);
+        failures += check_quant_shape(f8, st, {1, 5});
+        const QShape<96, 64, 4, 2, qdetail::Fp8E4M3<B, true>> f8t("H96 F64 E4 top2 fp8 per tensor", 34);
+        failures += check_quant_shape(f8t, st, {1, 5});
+        const QShape<256, 128, 16, 4, qdetail::MlxInt4<128, B>> g128("H256 F128 E16 top4 MLX int4 g128", 35);
+        failures += check_quant_shape(g128, st, {1, 8, 40});
+    }
+    {
+        const QShape<2048, 768, 128, 8, qdetail::MlxInt4<64, B>> q("H2048 F768 E128 top8 MLX int4 g64 (Qwen3-30B-A3B)", 36);
+        failures += check_quant_shape(q, st, {1, 8});
+        if (!(argc > 1 && std::strcmp(argv[1], "--no-bench") == 0)) time_quant_shape(q, big, "MLX int4 g64", st);
+    }
+    {
+        const QShape<2048, 768, 128, 8, qdetail::Int8Channel<B>> q("H2048 F768 E128 top8 int8 (Qwen3-30B-A3B)", 37);
+        failures += check_quant_shape(q, st, {1, 8});
+        if (!(argc > 1 && std::strcmp(argv[1], "--no-bench") == 0)) time_quant_shape(q, big, "int8", st);
+    }
     std::printf("%s\n", failures ? "FAILED" : "all MoE expert checks passed");
     if (!(argc > 1 && std::strcmp(argv[1], "--no-bench") == 0)) time_shape(big, st);
     return failures ? 1 : 0;

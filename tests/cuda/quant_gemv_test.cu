@@ -55,6 +55,7 @@
 
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/quant_linear.cuh"
+#include "kernels/cuda/moe_quant.cuh"
 #include "kernels/cuda/quant_ops.cuh"
 
 using namespace scr::kernels::cuda;
@@ -955,6 +956,98 @@ int check_wide_emulation(Fmt f, int n, int k, int rows, uint32_t seed, double& w
     return bad;
 }
 
+// ---- Host emulation of the quantized MoE experts' GEMVs (kernels/cuda/moe_quant.cuh) ----
+// E = 3 random experts in format F (gate / up [FF][H], down [H][FF]) laid out as the weight table
+// holds them (each projection's codes, scales and MLX biases adjacent, the table's pointers in
+// apply.cpp's order); one token row x, each expert picked: act = silu(x . Wg) * (x . Wu) and
+// y = act . Wd through qexpert + qdot_lane (32 lanes summed in warp_sum's xor-butterfly order) +
+// qdot_finish, as moe_quant_up_kernel / moe_quant_down_kernel compute them, against float64 from
+// the layout definition (dequant_row). perturb: the kernel reads the experts' table shifted by one
+// expert (a negative control: must fail).
+template <class F, int H, int FF>
+int check_moe_qdot(Fmt f, uint32_t seed, double& worst, bool perturb = false) {
+    constexpr int E = 3;
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> ux(-1.0f, 1.0f), us(0.004f, 0.012f), ub(-0.1f, -0.03f);
+    auto random_weights = [&](int n, int k) {
+        HostWeights h;
+        h.q.resize(is_int4(f) ? size_t(n) * k / 2 : size_t(n) * k);
+        for (auto& b : h.q) b = uint8_t(rng());
+        if (is_fp8(f))
+            for (auto& b : h.q)
+                if ((b & 0x7f) == 0x7f) b -= 1;  // no NaN codes (scr quantize never writes them)
+        const int nscales = is_int4(f) ? n * (k / group_of(f)) : f == Fmt::fp8_tensor ? 1 : n;
+        for (int i = 0; i < nscales; ++i) {
+            h.scales.push_back(uint16_t(qdetail::qbf16_bits(is_int4(f) ? us(rng) : us(rng) / (is_fp8(f) ? 400 : 8))));
+            if (is_int4(f)) h.biases.push_back(uint16_t(qdetail::qbf16_bits(ub(rng))));
+        }
+        return h;
+    };
+    std::vector<HostWeights> mats;  // expert e's projection j at 3 e + j
+    std::vector<const void*> table;
+    for (int e = 0; e < E; ++e)
+        for (int j = 0; j < 3; ++j) mats.push_back(j < 2 ? random_weights(FF, H) : random_weights(H, FF));
+    for (const HostWeights& m : mats) {
+        table.push_back(m.q.data());
+        table.push_back(m.scales.data());
+        if (is_int4(f)) table.push_back(m.biases.data());
+    }
+    std::vector<float> x(H);
+    for (auto& v : x) v = ux(rng);
+    auto warp_dot = [&](const QuantW& w, int n, const float* xr, int k) {
+        float lane[32];
+        for (int l = 0; l < 32; ++l) lane[l] = k == H ? qdetail::qdot_lane<H, F>(w, n, xr, l) : qdetail::qdot_lane<FF, F>(w, n, xr, l);
+        for (int o = 16; o > 0; o >>= 1) {  // warp_sum: every lane adds its xor partner's value
+            float next[32];
+            for (int l = 0; l < 32; ++l) next[l] = lane[l] + lane[l ^ o];
+            std::memcpy(lane, next, sizeof lane);
+        }
+        return qdetail::qdot_finish<F>(w, n, lane[0]);
+    };
+    const void* const* experts = table.data() + (perturb ? 3 * qdetail::kQuantTensors<F> : 0);
+    int bad = 0;
+    std::vector<double> w(std::max(H, FF)), bound(std::max(H, FF)), wu(H), bu(H);
+    for (int e = 0; e < (perturb ? E - 1 : E); ++e) {
+        // act: the kernel's float values, and float64 with its bound
+        std::vector<float> act(FF);
+        for (int i = 0; i < FF; ++i) {
+            const float g = warp_dot(qdetail::qexpert<F>(experts, e, 0), i, x.data(), H);
+            const float u = warp_dot(qdetail::qexpert<F>(experts, e, 1), i, x.data(), H);
+            act[i] = g * (1.0f / (1.0f + std::exp(-g))) * u;
+            dequant_row(f, mats[3 * e], H, i, w, bound);
+            dequant_row(f, mats[3 * e + 1], H, i, wu, bu);
+            double gr = 0, ur = 0, gm = 0, um = 0;
+            for (int k = 0; k < H; ++k) {
+                gr += double(x[k]) * w[k];
+                ur += double(x[k]) * wu[k];
+                gm += std::fabs(double(x[k])) * bound[k];
+                um += std::fabs(double(x[k])) * bu[k];
+            }
+            const double sg = gr / (1.0 + std::exp(-gr)), ref = sg * ur;
+            // |d silu| <= 1.1 |dg|: the bound on act from the dots' bounds (2e-5 B + 1e-6 each) and its own rounding
+            const double tg = kMmaTolRel * gm + kMmaTolAbs, tu = kMmaTolRel * um + kMmaTolAbs;
+            const double tol = 1.1 * tg * (std::fabs(ur) + tu) + std::fabs(sg) * tu + 1e-6 * std::fabs(ref) + 1e-9;
+            const double err = std::fabs(double(act[i]) - ref);
+            if (!(err <= tol)) ++bad;
+            if (!perturb) worst = std::max(worst, err / tol);
+        }
+        for (int h = 0; h < H; ++h) {
+            const float y = warp_dot(qdetail::qexpert<F>(experts, e, 2), h, act.data(), FF);
+            dequant_row(f, mats[3 * e + 2], FF, h, w, bound);
+            double ref = 0, mag = 0;
+            for (int k = 0; k < FF; ++k) {
+                ref += double(act[k]) * w[k];  // the kernel's act in: this checks the down GEMV alone
+                mag += std::fabs(double(act[k])) * bound[k];
+            }
+            const double tol = kMmaTolRel * mag + kMmaTolAbs;
+            const double err = std::fabs(double(y) - ref);
+            if (!(err <= tol)) ++bad;
+            if (!perturb) worst = std::max(worst, err / tol);
+        }
+    }
+    return bad;
+}
+
 // Exactness of the bit tricks on the host (runs here, no GPU): every nibble and every int8 value;
 // then the tensor-core kernel's mapping, emulated.
 int host_selftest() {
@@ -1194,6 +1287,30 @@ int host_selftest() {
     block_is("8B down", false, 4096, 14336, {16, 8, 2});
     block_is("8B lm_head", false, 128256, 4096, {8, 1, 8});
     std::printf("host selftest (one-row block shapes, 10 Llama launches): %d wrong: %s\n", bbad, bbad ? "FAILED" : "ok");
+    // The quantized MoE experts' GEMVs: the tiny Qwen3-MoE's widths (96 / 64), the 30B-A3B's (2048 /
+    // 768), and 4224 (a second round of 4 chunks per lane) for every format.
+    double mworst = 0.0;
+    int mbad = 0, mcontrol = 0, mcases = 0;
+    const auto moe_case = [&]<class F, int H, int FF>(Fmt f, uint32_t seed) {
+        double unused = 0.0;
+        mbad += check_moe_qdot<F, H, FF>(f, seed, mworst);
+        mcontrol += check_moe_qdot<F, H, FF>(f, seed, unused, true) > 0;
+        ++mcases;
+    };
+    moe_case.template operator()<qdetail::MlxInt4<32, bf16_t>, 96, 64>(Fmt::int4_g32, 21);
+    moe_case.template operator()<qdetail::Int8Channel<bf16_t>, 96, 64>(Fmt::int8, 22);
+    moe_case.template operator()<qdetail::Fp8E4M3<bf16_t, false>, 96, 64>(Fmt::fp8, 23);
+    moe_case.template operator()<qdetail::Fp8E4M3<bf16_t, true>, 96, 64>(Fmt::fp8_tensor, 24);
+    moe_case.template operator()<qdetail::MlxInt4<64, bf16_t>, 2048, 768>(Fmt::int4_g64, 25);
+    moe_case.template operator()<qdetail::MlxInt4<128, bf16_t>, 2048, 768>(Fmt::int4_g128, 26);
+    moe_case.template operator()<qdetail::Int8Channel<bf16_t>, 2048, 768>(Fmt::int8, 27);
+    moe_case.template operator()<qdetail::MlxInt4<32, bf16_t>, 4224, 128>(Fmt::int4_g32, 28);
+    moe_case.template operator()<qdetail::Fp8E4M3<bf16_t, false>, 4224, 128>(Fmt::fp8, 29);
+    std::printf("host selftest (quantized MoE experts' GEMVs emulated, 32 lanes: gate/up/down of 3 experts through the experts' "
+                "table, %d format/width cases, against float64, bound 2e-5 B + 1e-6): worst err/bound %.3g, %d wrong; negative "
+                "control (table shifted by one expert) caught %d/%d: %s\n",
+                mcases, mworst, mbad, mcontrol, mcases, mbad == 0 && mcontrol == mcases ? "ok" : "FAILED");
+    bbad += mbad + (mcases - mcontrol);
     return bad || xbad || ebad || control != kWarpControls || wbad || wcontrol != kWideControls || sbad || bbad ? 1 : 0;
 }
 
