@@ -460,13 +460,25 @@ inline bool moe_gemm_wanted(int pairs, int experts) {
 
 // act[p] = SwiGLU(x[p / TOPK]) and y[p] = act[p] . Wd for the pairs p of `rows` rows, grouped by
 // expert. `group` is moe_group_floats<E>(rows * TOPK) floats of scratch.
+// The grouping's arrays in `group` (moe_group_floats<E>(pairs) floats): the pairs' order, the chunk
+// count, the chunk table (16-byte aligned).
+struct MoeGroupScratch {
+    int32_t* order;
+    int32_t* n_chunks;
+    MoeChunk* chunks;
+};
+inline MoeGroupScratch moe_group_scratch(float* group, int pairs) {
+    int32_t* order = reinterpret_cast<int32_t*>(group);
+    int32_t* n_chunks = order + pairs;
+    auto* chunks = reinterpret_cast<MoeChunk*>(n_chunks + 4 + (4 - (reinterpret_cast<uintptr_t>(n_chunks + 4) / 4) % 4) % 4);
+    return {order, n_chunks, chunks};
+}
+
 template <int H, int F, int E, int TOPK>
 void moe_experts_grouped(const Ctx& c, int rows, const float* x, const void* const* experts, const int32_t* top_id, float* act,
                          float* y, float* group) {
     const int pairs = rows * TOPK;
-    int32_t* order = reinterpret_cast<int32_t*>(group);
-    int32_t* n_chunks = order + pairs;
-    auto* chunks = reinterpret_cast<MoeChunk*>(n_chunks + 4 + (4 - (reinterpret_cast<uintptr_t>(n_chunks + 4) / 4) % 4) % 4);
+    const auto [order, n_chunks, chunks] = moe_group_scratch(group, pairs);
     // Wide chunks (4 column groups: each weight tile feeds 32 pairs) once experts average 16+
     // pairs; narrow ones for decode-sized steps, where most experts see a pair or two.
     const bool wide = pairs >= 16 * E;

@@ -2,15 +2,17 @@
 // e4m3 per channel or per tensor: the formats of quant_linear.cuh), the CUDA side of
 // kernels/cpu/moe.hpp's moe_quant. The routing and the combine are moe.cuh's (the same kernels as
 // the bf16 experts, so the same picks and the same summation order); the experts' SwiGLU MLPs run
-// as per-(row, pick) GEMVs that dequantize each expert row in registers, as moe.cuh's GEMV path
-// does for bf16 (no grouped GEMM over quantized experts yet: a prefill re-reads an expert's
-// weights once per pair that picked it, from L2 when they fit).
+// as GEMVs that dequantize each expert row in registers: per (row, pick) pair for few pairs, or
+// grouped by expert (moe_gemm.cuh's grouping, up to 8 pairs of an expert sharing each weight row's
+// loads; the same bits) where the bf16 experts would run grouped GEMMs. No tensor-core GEMM over
+// quantized experts yet: a prefill still reads an expert's packed weights once per 8 pairs.
 //
 // The experts' table: expert e's gate, up and down projections at experts[(3 e + j) P], each as
 // its P adjacent weight-table entries (codes, scales, and MLX's biases: P = 3, else 2), the order
 // compiler/quant/apply.cpp writes and the CPU kernel reads.
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/cuda/moe.cuh"
@@ -36,7 +38,7 @@ __host__ __device__ __forceinline__ float qscale_f32(f16_t v) {
 
 __host__ __device__ __forceinline__ uint4 qdot_load16(const uint8_t* p) {
 #ifdef __CUDA_ARCH__
-    return load_stream16(p);  // expert rows are read once per pair: keep L1 for x
+    return load_stream16(p);  // expert rows are streamed: keep L1 for the x rows
 #else
     uint4 v;
     std::memcpy(&v, p, 16);
@@ -61,20 +63,23 @@ __host__ __device__ __forceinline__ void qdot_unpack(uint32_t w, float (&q)[F::k
     else unpack_s8x4(w, q);
 }
 
-// Lane `lane`'s part of the dot product of row n of a quantized [N][K] matrix with x[K]: the row's
-// 16-byte chunks lane, lane + 32, ... (4 loads in flight), each dequantized in registers. MLX
-// affine: s * sum(x q) + b * sum(x) per chunk (a chunk lies inside one group, G >= 32); one scale
-// per row (or tensor): sum(x q), the scale applied to the warp's sum (qdot_finish). The warp's sum
-// of the 32 lanes' parts is the dot. Host and device: the host self-test runs it lane by lane (so no
-// `#pragma unroll`, which the host compiler warns of; nvcc unrolls these constant trip counts).
-template <int K, class F>
-__host__ __device__ __forceinline__ float qdot_lane(const QuantW& w, int n, const float* __restrict__ x, int lane) {
+// Lane `lane`'s parts of the dot products of row n of a quantized [N][K] matrix with the rows
+// x[0 .. nr) (nr <= R): the row's 16-byte chunks lane, lane + 32, ... (4 loads in flight), each
+// loaded and unpacked once for all the rows. MLX affine: s * sum(x q) + b * sum(x) per chunk (a
+// chunk lies inside one group, G >= 32); one scale per row (or tensor): sum(x q), the scale applied
+// to the warp's sum (qdot_finish). The warp's sum of the 32 lanes' parts is a dot. Every product
+// that meets an addition is an explicit fmaf, so a row's arithmetic, and its bits, are the same
+// for any R and whichever other rows share the call (the grouped and per-pair kernels agree bit for
+// bit). Host and device: the host self-test runs it lane by lane (so no `#pragma unroll`, which the
+// host compiler warns of; nvcc unrolls these constant trip counts).
+template <int K, class F, int R>
+__host__ __device__ __forceinline__ void qdot_lanes(const QuantW& w, int n, const float* const (&x)[R], int nr, int lane, float (&acc)[R]) {
     using ST = typename F::Scale;
     constexpr int PW = F::kPerWord, kChunks = K / F::kElems, kBatch = 4;
     static_assert(K % F::kElems == 0, "K must be a whole number of 16-byte chunks of the packed row");
     static_assert(K % (F::kAffine ? F::kGroup : 1) == 0, "K must be a whole number of groups");
     const uint8_t* row = static_cast<const uint8_t*>(w.q) + size_t(n) * (size_t(kChunks) * 16);
-    float acc = 0.0f;
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
     for (int c0 = 0; c0 < kChunks; c0 += 32 * kBatch) {
         uint4 wv[kBatch];
         for (int b = 0; b < kBatch; ++b) {
@@ -85,28 +90,47 @@ __host__ __device__ __forceinline__ float qdot_lane(const QuantW& w, int n, cons
             const int c = c0 + b * 32 + lane;
             if (c >= kChunks) continue;
             const uint32_t words[4] = {wv[b].x, wv[b].y, wv[b].z, wv[b].w};
-            float aq = 0.0f, xs = 0.0f;
+            float aq[R], xs[R];
+            for (int r = 0; r < R; ++r) aq[r] = xs[r] = 0.0f;
             for (int j = 0; j < 4; ++j) {
                 float q[PW];
                 qdot_unpack<F>(words[j], q);
-                for (int i = 0; i < PW; i += 4) {
-                    const float4 f = qdot_x4(x + size_t(c) * F::kElems + j * PW + i);
-                    aq = fmaf(f.x, q[i], aq);
-                    aq = fmaf(f.y, q[i + 1], aq);
-                    aq = fmaf(f.z, q[i + 2], aq);
-                    aq = fmaf(f.w, q[i + 3], aq);
-                    if constexpr (F::kAffine) xs += (f.x + f.y) + (f.z + f.w);
+                for (int r = 0; r < R; ++r) {
+                    if (r >= nr) break;
+                    for (int i = 0; i < PW; i += 4) {
+                        const float4 f = qdot_x4(x[r] + size_t(c) * F::kElems + j * PW + i);
+                        aq[r] = fmaf(f.x, q[i], aq[r]);
+                        aq[r] = fmaf(f.y, q[i + 1], aq[r]);
+                        aq[r] = fmaf(f.z, q[i + 2], aq[r]);
+                        aq[r] = fmaf(f.w, q[i + 3], aq[r]);
+                        if constexpr (F::kAffine) xs[r] += (f.x + f.y) + (f.z + f.w);
+                    }
                 }
             }
             if constexpr (F::kAffine) {
                 const size_t g = size_t(n) * (K / F::kGroup) + size_t(c) * F::kElems / F::kGroup;
-                acc += qscale_f32(static_cast<const ST*>(w.scales)[g]) * aq + qscale_f32(static_cast<const ST*>(w.biases)[g]) * xs;
+                const float sc = qscale_f32(static_cast<const ST*>(w.scales)[g]), bi = qscale_f32(static_cast<const ST*>(w.biases)[g]);
+                for (int r = 0; r < R; ++r) {
+                    if (r >= nr) break;
+                    acc[r] += fmaf(sc, aq[r], bi * xs[r]);
+                }
             } else {
-                acc += aq;
+                for (int r = 0; r < R; ++r) {
+                    if (r >= nr) break;
+                    acc[r] += aq[r];
+                }
             }
         }
     }
-    return acc;
+}
+
+// One row's part (qdot_lanes of one x row).
+template <int K, class F>
+__host__ __device__ __forceinline__ float qdot_lane(const QuantW& w, int n, const float* x, int lane) {
+    const float* const xs[1] = {x};
+    float acc[1];
+    qdot_lanes<K, F, 1>(w, n, xs, 1, lane, acc);
+    return acc[0];
 }
 
 // The dot product from the warp's sum of qdot_lane: times the row's (or tensor's) scale for the
@@ -153,6 +177,66 @@ __global__ void __launch_bounds__(256) moe_quant_down_kernel(const float* __rest
     if (lane == 0) y[size_t(pair) * H + h] = v;
 }
 
+// Chunk size of the grouped kernels: up to this many pairs of one expert share each weight row's
+// loads and unpacking.
+constexpr int kMoeQuantChunk = 8;
+
+// The grouped form of moe_quant_up_kernel (moe_gemm.cuh's grouping: the pairs of one expert in
+// chunks of up to kMoeQuantChunk): block (chunk, 8 rows f), one warp per f; each pair's value has the
+// per-pair kernel's bits. Blocks past the routing's chunk count exit (the grid is sized for the
+// most chunks, so a captured graph stays valid whatever the routing).
+template <int H, int FF, int TOPK, class F>
+__global__ void __launch_bounds__(256) moe_quant_up_grouped_kernel(const float* __restrict__ x, const void* const* __restrict__ experts,
+                                                                   const int32_t* __restrict__ order, const MoeChunk* __restrict__ chunks,
+                                                                   const int32_t* __restrict__ n_chunks, float* __restrict__ act) {
+    constexpr int CR = kMoeQuantChunk;
+    if (int(blockIdx.x) >= *n_chunks) return;
+    const MoeChunk ch = chunks[blockIdx.x];
+    const int f = blockIdx.y * 8 + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    if (f >= FF) return;
+    int pair[CR];
+    const float* xr[CR];
+    for (int r = 0; r < CR; ++r) {
+        pair[r] = order[ch.first + (r < ch.count ? r : 0)];
+        xr[r] = x + size_t(pair[r] / TOPK) * H;
+    }
+    const QuantW gate = qexpert<F>(experts, ch.expert, 0), up = qexpert<F>(experts, ch.expert, 1);
+    float g[CR], u[CR];
+    qdot_lanes<H, F, CR>(gate, f, xr, ch.count, lane, g);
+    qdot_lanes<H, F, CR>(up, f, xr, ch.count, lane, u);
+    for (int r = 0; r < CR; ++r) {
+        if (r >= ch.count) break;
+        const float gs = qdot_finish<F>(gate, f, warp_sum(g[r])), us = qdot_finish<F>(up, f, warp_sum(u[r]));
+        if (lane == 0) act[size_t(pair[r]) * FF + f] = silu(gs) * us;
+    }
+}
+
+// The grouped form of moe_quant_down_kernel.
+template <int H, int FF, class F>
+__global__ void __launch_bounds__(256) moe_quant_down_grouped_kernel(const float* __restrict__ act, const void* const* __restrict__ experts,
+                                                                     const int32_t* __restrict__ order, const MoeChunk* __restrict__ chunks,
+                                                                     const int32_t* __restrict__ n_chunks, float* __restrict__ y) {
+    constexpr int CR = kMoeQuantChunk;
+    if (int(blockIdx.x) >= *n_chunks) return;
+    const MoeChunk ch = chunks[blockIdx.x];
+    const int h = blockIdx.y * 8 + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    if (h >= H) return;
+    int pair[CR];
+    const float* ar[CR];
+    for (int r = 0; r < CR; ++r) {
+        pair[r] = order[ch.first + (r < ch.count ? r : 0)];
+        ar[r] = act + size_t(pair[r]) * FF;
+    }
+    const QuantW down = qexpert<F>(experts, ch.expert, 2);
+    float v[CR];
+    qdot_lanes<FF, F, CR>(down, h, ar, ch.count, lane, v);
+    for (int r = 0; r < CR; ++r) {
+        if (r >= ch.count) break;
+        const float s = qdot_finish<F>(down, h, warp_sum(v[r]));
+        if (lane == 0) y[size_t(pair[r]) * H + h] = s;
+    }
+}
+
 }  // namespace qdetail
 
 // The experts of every (row, pick) pair and their weighted sum per row (+ residual), given the
@@ -164,8 +248,21 @@ void moe_quant_experts(const Ctx& c, int rows, const float* x, const void* const
     float* act = ws + (4 - (reinterpret_cast<uintptr_t>(ws) / 4) % 4) % 4;
     float* y = act + size_t(rows) * TOPK * FF;
     const int pairs = rows * TOPK;
-    qdetail::moe_quant_up_kernel<H, FF, TOPK, F><<<dim3(ceil_div(FF, 8), pairs), 256, 0, c.stream>>>(x, experts, top_id, act);
-    qdetail::moe_quant_down_kernel<H, FF, F><<<dim3(ceil_div(H, 8), pairs), 256, 0, c.stream>>>(act, experts, top_id, y);
+    // Grouped by expert where moe.cuh's bf16 experts would group (moe_gemm_wanted: SCR_CUDA_MOE_GEMM,
+    // moe_gemm_override); the two forms give the same bits, so the choice keeps batch invariance.
+    if (moe_gemm_wanted(pairs, E)) {
+        constexpr int CR = qdetail::kMoeQuantChunk;
+        const MoeGroupScratch gs = moe_group_scratch(y + size_t(pairs) * H, pairs);
+        const int max_chunks = std::min(pairs, pairs / CR + E);
+        detail::moe_group_kernel<E, CR><<<1, 1024, 0, c.stream>>>(pairs, top_id, gs.order, gs.chunks, gs.n_chunks);
+        qdetail::moe_quant_up_grouped_kernel<H, FF, TOPK, F>
+            <<<dim3(max_chunks, ceil_div(FF, 8)), 256, 0, c.stream>>>(x, experts, gs.order, gs.chunks, gs.n_chunks, act);
+        qdetail::moe_quant_down_grouped_kernel<H, FF, F>
+            <<<dim3(max_chunks, ceil_div(H, 8)), 256, 0, c.stream>>>(act, experts, gs.order, gs.chunks, gs.n_chunks, y);
+    } else {
+        qdetail::moe_quant_up_kernel<H, FF, TOPK, F><<<dim3(ceil_div(FF, 8), pairs), 256, 0, c.stream>>>(x, experts, top_id, act);
+        qdetail::moe_quant_down_kernel<H, FF, F><<<dim3(ceil_div(H, 8), pairs), 256, 0, c.stream>>>(act, experts, top_id, y);
+    }
     detail::moe_combine_kernel<H, TOPK><<<dim3(ceil_div(H, 128), rows), 128, 0, c.stream>>>(rows, top_id, top_w, y, residual, out);
 }
 

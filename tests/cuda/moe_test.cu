@@ -387,8 +387,9 @@ struct QShape {
 };
 
 // moe_quant_experts against the float64 reference (reference_row, the same bound as the bf16
-// experts: each dot within 2e-5 of its magnitude sum + 1e-6), and batch invariance (each checked
-// row launched alone: the same bits). Outputs poisoned with NaN first.
+// experts: each dot within 2e-5 of its magnitude sum + 1e-6), grouped by expert and per pair (every
+// row the same bits in both forms), and batch invariance (each checked row launched alone, in the
+// default form for one row: the same bits). Outputs poisoned with NaN first.
 template <int H, int F, int E, int K, class Q>
 int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::initializer_list<int> row_counts) {
     int failures = 0;
@@ -420,7 +421,13 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
             CK(cudaMemcpy(L.res, res.data(), res.size() * 4, cudaMemcpyHostToDevice));
             CK(cudaMemcpy(L.ids, r.ids.data(), r.ids.size() * 4, cudaMemcpyHostToDevice));
             CK(cudaMemcpy(L.tw, r.weights.data(), r.weights.size() * 4, cudaMemcpyHostToDevice));
+            moe_gemm_override() = 1;  // grouped by expert
             const std::vector<float> got = launch(L, rows);
+            moe_gemm_override() = 0;  // per (row, pick) pair: the same bits, every row
+            const std::vector<float> per_pair = launch(L, rows);
+            moe_gemm_override() = -1;
+            int forms_differ = 0;
+            for (int i = 0; i < rows; ++i) forms_differ += std::memcmp(&got[size_t(i) * H], &per_pair[size_t(i) * H], H * 4) != 0;
             double worst = 0.0;
             int bad = 0, differ = 0;
             std::vector<double> ref, bound;
@@ -444,11 +451,12 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
                 const std::vector<float> alone = launch(one, 1);
                 differ += std::memcmp(alone.data(), &got[size_t(i) * H], H * 4) != 0;
             }
-            const bool ok = bad == 0 && differ == 0;
+            const bool ok = bad == 0 && differ == 0 && forms_differ == 0;
             failures += !ok;
-            std::printf("%s %s, %d rows %s (%zu checked): quantized experts %s (worst err/bound %.2e), rows alone %s\n",
+            std::printf("%s %s, %d rows %s (%zu checked): quantized experts %s (worst err/bound %.2e), grouped vs per-pair %s, "
+                        "rows alone %s\n",
                         ok ? "ok  " : "FAIL", s.name, rows, skewed ? "skewed" : "uniform", check.size(), bad ? "FAIL" : "pass", worst,
-                        differ ? "DIFFER" : "same bits");
+                        forms_differ ? "DIFFER" : "same bits", differ ? "DIFFER" : "same bits");
         }
     return failures;
 }
@@ -458,7 +466,8 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
 template <int H, int F, int E, int K, class Q>
 void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s, const char* fmt, cudaStream_t st) {
     std::printf("\n%s, %s experts, us per call (events, mean after one warm-up; uniform routing):\n", q.name, fmt);
-    std::printf("| rows | pairs | %s per-pair GEMVs | bf16 per-pair GEMVs | bf16 grouped GEMMs |\n|---:|---:|---:|---:|---:|\n", fmt);
+    std::printf("| rows | pairs | %s per-pair GEMVs | %s grouped GEMVs | bf16 per-pair GEMVs | bf16 grouped GEMMs |\n"
+                "|---:|---:|---:|---:|---:|---:|\n", fmt, fmt);
     std::mt19937 rng(77);
     std::uniform_real_distribution<float> xd(-1.0f, 1.0f);
     Ctx c;
@@ -466,7 +475,7 @@ void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
-    for (const int rows : {1, 4, 16, 64, 256}) {
+    for (const int rows : {1, 4, 16, 64, 256, 2048}) {
         Launch<H, F, E, K> L(rows);
         std::vector<float> x(size_t(rows) * H);
         for (auto& v : x) v = xd(rng);
@@ -475,14 +484,14 @@ void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s
         CK(cudaMemcpy(L.res, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(L.ids, r.ids.data(), r.ids.size() * 4, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(L.tw, r.weights.data(), r.weights.size() * 4, cudaMemcpyHostToDevice));
-        double us[3];
-        for (int path = 0; path < 3; ++path) {
+        double us[4];
+        for (int path = 0; path < 4; ++path) {  // quantized per pair, grouped; bf16 per pair, grouped
             auto one = [&] {
-                if (path == 0) moe_quant_experts<H, F, E, K, Q>(c, rows, L.x, q.table, L.ids, L.tw, L.res, L.out, L.ws);
+                if (path < 2) moe_quant_experts<H, F, E, K, Q>(c, rows, L.x, q.table, L.ids, L.tw, L.res, L.out, L.ws);
                 else L.run(c, s, rows);
             };
-            moe_gemm_override() = path == 2 ? 1 : 0;
-            const int iters = rows >= 256 ? 5 : 20;
+            moe_gemm_override() = path % 2;
+            const int iters = rows >= 2048 ? 2 : rows >= 256 ? 5 : 20;
             one();
             CK(cudaEventRecord(a, st));
             for (int i = 0; i < iters; ++i) one();
@@ -493,7 +502,7 @@ void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s
             us[path] = 1000.0 * ms / iters;
         }
         moe_gemm_override() = -1;
-        std::printf("| %d | %d | %.1f | %.1f | %.1f |\n", rows, rows * K, us[0], us[1], us[2]);
+        std::printf("| %d | %d | %.1f | %.1f | %.1f | %.1f |\n", rows, rows * K, us[0], us[1], us[2], us[3]);
     }
     cudaEventDestroy(a);
     cudaEventDestroy(b);

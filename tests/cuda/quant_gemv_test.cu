@@ -1006,6 +1006,24 @@ int check_moe_qdot(Fmt f, uint32_t seed, double& worst, bool perturb = false) {
     };
     const void* const* experts = table.data() + (perturb ? 3 * qdetail::kQuantTensors<F> : 0);
     int bad = 0;
+    if (!perturb) {
+        // The grouped kernels' form (qdot_lanes over 5 rows of a chunk of 8): every lane's part of
+        // every row has the bits of the one-row form.
+        std::vector<float> xg(size_t(5) * H);
+        for (auto& v : xg) v = ux(rng);
+        const float* rows[qdetail::kMoeQuantChunk];
+        for (int r = 0; r < qdetail::kMoeQuantChunk; ++r) rows[r] = &xg[size_t(std::min(r, 4)) * H];
+        const QuantW gate = qdetail::qexpert<F>(experts, 1, 0);
+        for (int n = 0; n < FF; n += 7)
+            for (int l = 0; l < 32; ++l) {
+                float part[qdetail::kMoeQuantChunk];
+                qdetail::qdot_lanes<H, F, qdetail::kMoeQuantChunk>(gate, n, rows, 5, l, part);
+                for (int r = 0; r < 5; ++r) {
+                    const float one = qdetail::qdot_lane<H, F>(gate, n, rows[r], l);
+                    bad += std::memcmp(&one, &part[r], 4) != 0;
+                }
+            }
+    }
     std::vector<double> w(std::max(H, FF)), bound(std::max(H, FF)), wu(H), bu(H);
     for (int e = 0; e < (perturb ? E - 1 : E); ++e) {
         // act: the kernel's float values, and float64 with its bound
@@ -1307,8 +1325,9 @@ int host_selftest() {
     moe_case.template operator()<qdetail::MlxInt4<32, bf16_t>, 4224, 128>(Fmt::int4_g32, 28);
     moe_case.template operator()<qdetail::Fp8E4M3<bf16_t, false>, 4224, 128>(Fmt::fp8, 29);
     std::printf("host selftest (quantized MoE experts' GEMVs emulated, 32 lanes: gate/up/down of 3 experts through the experts' "
-                "table, %d format/width cases, against float64, bound 2e-5 B + 1e-6): worst err/bound %.3g, %d wrong; negative "
-                "control (table shifted by one expert) caught %d/%d: %s\n",
+                "table, %d format/width cases, against float64, bound 2e-5 B + 1e-6; the grouped form's 5 of 8 rows bit for bit "
+                "the per-pair form's): worst err/bound %.3g, %d wrong; negative control (table shifted by one expert) caught "
+                "%d/%d: %s\n",
                 mcases, mworst, mbad, mcontrol, mcases, mbad == 0 && mcontrol == mcases ? "ok" : "FAILED");
     bbad += mbad + (mcases - mcontrol);
     return bad || xbad || ebad || control != kWarpControls || wbad || wcontrol != kWideControls || sbad || bbad ? 1 : 0;
