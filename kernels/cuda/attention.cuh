@@ -569,16 +569,13 @@ __device__ __forceinline__ void attend_group_vec(int g, int ctx, int first, cons
     }
     // The split: the last of the token's blocks to be done merges all the parts' partials.
     if (ps.arrivals > 1) {
-        __threadfence();
-        __syncthreads();
         __shared__ int sm_last;
-        if (threadIdx.x == 0) {
-            sm_last = atomicAdd(ps.ticket, 1u) == unsigned(ps.arrivals - 1);
-            if (sm_last) *ps.ticket = 0u;  // every other block of the group has taken its ticket
-        }
-        __syncthreads();
-        if (!sm_last) return;
-        __threadfence();
+        const bool last = last_block_to_arrive(sm_last, [&] {
+            const bool is_last = atomicAdd(ps.ticket, 1u) == unsigned(ps.arrivals - 1);
+            if (is_last) *ps.ticket = 0u;  // every other block of the group has taken its ticket
+            return is_last;
+        });
+        if (!last) return;
     } else {
         __syncthreads();  // this block's own partials (global memory) are visible to all its threads
     }

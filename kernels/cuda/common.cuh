@@ -89,6 +89,24 @@ __device__ __forceinline__ float silu(float g) { return g * (1.0f / (1.0f + expf
 
 __host__ __device__ constexpr int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
 
+// The last of a group of blocks to be done, where each block wrote its results to global memory and
+// one of them must combine them all: every thread's writes are published (fence) before thread 0
+// takes the block's ticket; `take_ticket()` (thread 0 only) does the atomic and says whether this
+// block is the last (and may reset the counter for the next launch). Every thread of the block
+// returns that answer through `flag` (the caller's __shared__ word); the last block fences again
+// before it reads the other blocks' writes. Used by the decode attention's context split and the
+// wide quantized GEMM's K split.
+template <class Flag, class TakeTicket>
+__device__ __forceinline__ bool last_block_to_arrive(Flag& flag, TakeTicket&& take_ticket) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) flag = take_ticket();
+    __syncthreads();
+    if (!flag) return false;
+    __threadfence();
+    return true;
+}
+
 // Programmatic dependent launch (Hopper). A kernel launched by `launch` below may start while the
 // kernel before it in the stream is still running: it must call pdl_wait() before its first global
 // write and before reading anything an earlier kernel wrote (only weights may be read before it).

@@ -536,15 +536,11 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
         const float* const part = w.part + size_t(cell) * slices * kQwPartFloats;
         store_partials(w.part + (size_t(cell) * slices + blockIdx.z) * kQwPartFloats);
         __shared__ bool last_s;
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) {
+        const bool last = last_block_to_arrive(last_s, [&] {
             unsigned* counter = w.arrivals + size_t(slices == 2 ? 0 : slices == 4 ? 1 : 2) * w.cells + cell;
-            last_s = (atomicAdd(counter, 1u) + 1u) % unsigned(slices) == 0u;
-        }
-        __syncthreads();
-        if (!last_s) return;  // an exit counts as this block's trigger
-        __threadfence();
+            return (atomicAdd(counter, 1u) + 1u) % unsigned(slices) == 0u;
+        });
+        if (!last) return;  // an exit counts as this block's trigger
         // The sums first, into shared memory, 8 positions' loads in flight at a time (a loop that
         // used each sum as it came waited one L2 round trip per position), then the outputs.
 #pragma unroll 8
