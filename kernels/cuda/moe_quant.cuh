@@ -249,8 +249,9 @@ void moe_quant_experts(const Ctx& c, int rows, const float* x, const void* const
     float* y = act + size_t(rows) * TOPK * FF;
     const int pairs = rows * TOPK;
     // Grouped by expert where moe.cuh's bf16 experts would group (moe_gemm_wanted: SCR_CUDA_MOE_GEMM,
-    // moe_gemm_override); the two forms give the same bits, so the choice keeps batch invariance.
-    if (moe_gemm_wanted(pairs, E)) {
+    // moe_gemm_override), and always past the per-pair grid's 65,535 pairs (gridDim.y); the two forms
+    // give the same bits, so the choice keeps batch invariance.
+    if (moe_gemm_wanted(pairs, E) || pairs > 65535) {
         constexpr int CR = qdetail::kMoeQuantChunk;
         const MoeGroupScratch gs = moe_group_scratch(y + size_t(pairs) * H, pairs);
         const int max_chunks = std::min(pairs, pairs / CR + E);
