@@ -134,6 +134,13 @@ struct Launch {
     ~Launch() {
         cudaFree(x); cudaFree(res); cudaFree(out); cudaFree(ws); cudaFree(tw); cudaFree(ids);
     }
+    // The launch's inputs: rows of x and of the residual, and the routing.
+    void upload(const std::vector<float>& xs, const std::vector<float>& rs, const Routing& r) {
+        CK(cudaMemcpy(x, xs.data(), xs.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(res, rs.data(), rs.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(ids, r.ids.data(), r.ids.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(tw, r.weights.data(), r.weights.size() * 4, cudaMemcpyHostToDevice));
+    }
     void run(const Ctx& c, const Shape<H, F, E, K>& s, int rows) {
         moe_experts<H, F, E, K, bf16_t>(c, rows, x, s.table, ids, tw, res, out, ws);
     }
@@ -205,10 +212,7 @@ int check_shape(const Shape<H, F, E, K>& s, cudaStream_t st, std::initializer_li
             if (check.back() != rows - 1) check.push_back(rows - 1);
 
             Launch<H, F, E, K> L(rows);
-            CK(cudaMemcpy(L.x, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-            CK(cudaMemcpy(L.res, res.data(), res.size() * 4, cudaMemcpyHostToDevice));
-            CK(cudaMemcpy(L.ids, r.ids.data(), r.ids.size() * 4, cudaMemcpyHostToDevice));
-            CK(cudaMemcpy(L.tw, r.weights.data(), r.weights.size() * 4, cudaMemcpyHostToDevice));
+            L.upload(x, res, r);
             std::vector<float> got[2];
             for (int path = 0; path < 2; ++path) {  // 0: grouped GEMMs, 1: per-pair GEMVs
                 moe_gemm_override() = path == 0 ? 1 : 0;
@@ -253,10 +257,7 @@ int check_shape(const Shape<H, F, E, K>& s, cudaStream_t st, std::initializer_li
                     rv.ids.insert(rv.ids.end(), &r.ids[size_t(j) * K], &r.ids[size_t(j) * K] + K);
                     rv.weights.insert(rv.weights.end(), &r.weights[size_t(j) * K], &r.weights[size_t(j) * K] + K);
                 }
-                CK(cudaMemcpy(L.x, xr.data(), xr.size() * 4, cudaMemcpyHostToDevice));
-                CK(cudaMemcpy(L.res, rr.data(), rr.size() * 4, cudaMemcpyHostToDevice));
-                CK(cudaMemcpy(L.ids, rv.ids.data(), rv.ids.size() * 4, cudaMemcpyHostToDevice));
-                CK(cudaMemcpy(L.tw, rv.weights.data(), rv.weights.size() * 4, cudaMemcpyHostToDevice));
+                L.upload(xr, rr, rv);
                 CK(cudaMemset(L.out, 0xff, size_t(rows) * H * 4));
                 L.run(c, s, rows);
                 CK(cudaStreamSynchronize(st));
@@ -417,10 +418,7 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
                 CK(cudaMemcpy(got.data(), l.out, got.size() * 4, cudaMemcpyDeviceToHost));
                 return got;
             };
-            CK(cudaMemcpy(L.x, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-            CK(cudaMemcpy(L.res, res.data(), res.size() * 4, cudaMemcpyHostToDevice));
-            CK(cudaMemcpy(L.ids, r.ids.data(), r.ids.size() * 4, cudaMemcpyHostToDevice));
-            CK(cudaMemcpy(L.tw, r.weights.data(), r.weights.size() * 4, cudaMemcpyHostToDevice));
+            L.upload(x, res, r);
             moe_gemm_override() = 1;  // grouped by expert
             const std::vector<float> got = launch(L, rows);
             moe_gemm_override() = 0;  // per (row, pick) pair: the same bits, every row
@@ -480,10 +478,7 @@ void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s
         std::vector<float> x(size_t(rows) * H);
         for (auto& v : x) v = xd(rng);
         const Routing r = make_routing<E, K>(rows, false, rng);
-        CK(cudaMemcpy(L.x, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(L.res, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(L.ids, r.ids.data(), r.ids.size() * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(L.tw, r.weights.data(), r.weights.size() * 4, cudaMemcpyHostToDevice));
+        L.upload(x, x, r);
         double us[4];
         for (int path = 0; path < 4; ++path) {  // quantized per pair, grouped; bf16 per pair, grouped
             auto one = [&] {
@@ -524,10 +519,7 @@ void time_shape(const Shape<H, F, E, K>& s, cudaStream_t st) {
         std::vector<float> x(size_t(rows) * H);
         for (auto& v : x) v = xd(rng);
         const Routing r = make_routing<E, K>(rows, false, rng);
-        CK(cudaMemcpy(L.x, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(L.res, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(L.ids, r.ids.data(), r.ids.size() * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(L.tw, r.weights.data(), r.weights.size() * 4, cudaMemcpyHostToDevice));
+        L.upload(x, x, r);
         double us[2];
         for (int path = 0; path < 2; ++path) {
             moe_gemm_override() = path == 0 ? 1 : 0;
