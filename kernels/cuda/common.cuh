@@ -21,9 +21,22 @@ namespace scr::kernels::cuda {
 
 constexpr int kWarp = 32;
 
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(bf16_t x) { return __uint_as_float(uint32_t(x.bits) << 16); }
-__device__ __forceinline__ float to_f32(f16_t x) { return __half2float(__ushort_as_half(x.bits)); }
+// Host and device (the host self-tests run kernels' row functions); the device code is the intrinsics.
+__host__ __device__ __forceinline__ float to_f32(float x) { return x; }
+__host__ __device__ __forceinline__ float to_f32(bf16_t x) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(uint32_t(x.bits) << 16);
+#else
+    return bf16_to_f32(x.bits);
+#endif
+}
+__host__ __device__ __forceinline__ float to_f32(f16_t x) {
+#ifdef __CUDA_ARCH__
+    return __half2float(__ushort_as_half(x.bits));
+#else
+    return f16_to_f32(x.bits);
+#endif
+}
 
 template <typename T> __device__ __forceinline__ T from_f32(float x);
 template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }

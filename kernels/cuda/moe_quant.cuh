@@ -26,16 +26,6 @@ namespace qdetail {
 template <class F>
 constexpr int kQuantTensors = F::kAffine ? 3 : 2;
 
-__host__ __device__ __forceinline__ float qscale_f32(float v) { return v; }
-__host__ __device__ __forceinline__ float qscale_f32(bf16_t v) { return f32_from_bits(uint32_t(v.bits) << 16); }
-__host__ __device__ __forceinline__ float qscale_f32(f16_t v) {
-#ifdef __CUDA_ARCH__
-    return __half2float(__ushort_as_half(v.bits));
-#else
-    return f16_to_f32(v.bits);
-#endif
-}
-
 __host__ __device__ __forceinline__ uint4 qdot_load16(const uint8_t* p) {
 #ifdef __CUDA_ARCH__
     return load_stream16(p);  // expert rows are streamed: keep L1 for the x rows
@@ -52,15 +42,6 @@ __host__ __device__ __forceinline__ float4 qdot_x4(const float* p) {
 #else
     return float4{p[0], p[1], p[2], p[3]};
 #endif
-}
-
-// A packed word's weights as exact floats: the format's unpack (F::unpack), through the host and
-// device functions it calls, so that the host self-test runs the same code.
-template <class F>
-__host__ __device__ __forceinline__ void qdot_unpack(uint32_t w, float (&q)[F::kPerWord]) {
-    if constexpr (F::kAffine) unpack_u4x8(w, q);
-    else if constexpr (F::kFp8) unpack_fp8x4(w, q);
-    else unpack_s8x4(w, q);
 }
 
 // Lane `lane`'s parts of the dot products of row n of a quantized [N][K] matrix with the rows
@@ -94,7 +75,7 @@ __host__ __device__ __forceinline__ void qdot_lanes(const QuantW& w, int n, cons
             for (int r = 0; r < R; ++r) aq[r] = xs[r] = 0.0f;
             for (int j = 0; j < 4; ++j) {
                 float q[PW];
-                qdot_unpack<F>(words[j], q);
+                F::unpack(words[j], q);
                 for (int r = 0; r < R; ++r) {
                     if (r >= nr) break;
                     for (int i = 0; i < PW; i += 4) {
@@ -109,7 +90,7 @@ __host__ __device__ __forceinline__ void qdot_lanes(const QuantW& w, int n, cons
             }
             if constexpr (F::kAffine) {
                 const size_t g = size_t(n) * (K / F::kGroup) + size_t(c) * F::kElems / F::kGroup;
-                const float sc = qscale_f32(static_cast<const ST*>(w.scales)[g]), bi = qscale_f32(static_cast<const ST*>(w.biases)[g]);
+                const float sc = to_f32(static_cast<const ST*>(w.scales)[g]), bi = to_f32(static_cast<const ST*>(w.biases)[g]);
                 for (int r = 0; r < R; ++r) {
                     if (r >= nr) break;
                     acc[r] += fmaf(sc, aq[r], bi * xs[r]);
@@ -124,7 +105,8 @@ __host__ __device__ __forceinline__ void qdot_lanes(const QuantW& w, int n, cons
     }
 }
 
-// One row's part (qdot_lanes of one x row).
+// One row's part: qdot_lanes of one x row, as the per-pair kernels (CR = 1) run it (the host
+// self-test's reference form for the grouped one).
 template <int K, class F>
 __host__ __device__ __forceinline__ float qdot_lane(const QuantW& w, int n, const float* x, int lane) {
     const float* const xs[1] = {x};
@@ -140,7 +122,7 @@ __host__ __device__ __forceinline__ float qdot_finish(const QuantW& w, int n, fl
     if constexpr (F::kAffine) {
         return sum;
     } else {
-        return sum * qscale_f32(static_cast<const typename F::Scale*>(w.scales)[F::kPerTensor ? 0 : n]);
+        return sum * to_f32(static_cast<const typename F::Scale*>(w.scales)[F::kPerTensor ? 0 : n]);
     }
 }
 
@@ -152,86 +134,73 @@ __host__ __device__ __forceinline__ QuantW qexpert(const void* const* experts, i
     return QuantW{t[0], t[1], P == 3 ? t[2] : nullptr};
 }
 
-// act[p][f] = silu(x[row] . Wg_e[f]) * (x[row] . Wu_e[f]) for pair p = row * TOPK + j: one warp per f.
-template <int H, int FF, int TOPK, class F>
-__global__ void __launch_bounds__(256) moe_quant_up_kernel(const float* __restrict__ x, const void* const* __restrict__ experts,
-                                                           const int32_t* __restrict__ top_id, float* __restrict__ act) {
-    const int pair = blockIdx.y, f = blockIdx.x * 8 + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-    if (f >= FF) return;
-    const int e = top_id[pair];
-    const float* xr = x + size_t(pair / TOPK) * H;
-    const QuantW gate = qexpert<F>(experts, e, 0), up = qexpert<F>(experts, e, 1);
-    const float g = qdot_finish<F>(gate, f, warp_sum(qdot_lane<H, F>(gate, f, xr, lane)));
-    const float u = qdot_finish<F>(up, f, warp_sum(qdot_lane<H, F>(up, f, xr, lane)));
-    if (lane == 0) act[size_t(pair) * FF + f] = silu(g) * u;
-}
-
-// y[p][h] = act[p] . Wd_e[h]: one warp per h.
-template <int H, int FF, class F>
-__global__ void __launch_bounds__(256) moe_quant_down_kernel(const float* __restrict__ act, const void* const* __restrict__ experts,
-                                                             const int32_t* __restrict__ top_id, float* __restrict__ y) {
-    const int pair = blockIdx.y, h = blockIdx.x * 8 + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-    if (h >= H) return;
-    const QuantW down = qexpert<F>(experts, top_id[pair], 2);
-    const float v = qdot_finish<F>(down, h, warp_sum(qdot_lane<FF, F>(down, h, act + size_t(pair) * FF, lane)));
-    if (lane == 0) y[size_t(pair) * H + h] = v;
-}
-
-// Chunk size of the grouped kernels: up to this many pairs of one expert share each weight row's
-// loads and unpacking.
+// Chunk size of the grouped form: up to this many pairs of one expert share each weight row's loads
+// and unpacking.
 constexpr int kMoeQuantChunk = 8;
 
-// The grouped form of moe_quant_up_kernel (moe_gemm.cuh's grouping: the pairs of one expert in
-// chunks of up to kMoeQuantChunk): block (chunk, 8 rows f), one warp per f; each pair's value has the
-// per-pair kernel's bits. Blocks past the routing's chunk count exit (the grid is sized for the
-// most chunks, so a captured graph stays valid whatever the routing).
-template <int H, int FF, int TOPK, class F>
-__global__ void __launch_bounds__(256) moe_quant_up_grouped_kernel(const float* __restrict__ x, const void* const* __restrict__ experts,
-                                                                   const int32_t* __restrict__ order, const MoeChunk* __restrict__ chunks,
-                                                                   const int32_t* __restrict__ n_chunks, float* __restrict__ act) {
-    constexpr int CR = kMoeQuantChunk;
-    if (int(blockIdx.x) >= *n_chunks) return;
-    const MoeChunk ch = chunks[blockIdx.x];
-    const int f = blockIdx.y * 8 + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-    if (f >= FF) return;
-    int pair[CR];
-    const float* xr[CR];
-    for (int r = 0; r < CR; ++r) {
-        pair[r] = order[ch.first + (r < ch.count ? r : 0)];
-        xr[r] = x + size_t(pair[r] / TOPK) * H;
+// Where a block of the experts' kernels finds its (row, pick) pairs p = row * TOPK + pick: per pair
+// (CR == 1), pair blockIdx.x alone, its expert top_id[p]; grouped (CR == kMoeQuantChunk), chunk
+// blockIdx.x of moe_gemm.cuh's grouping, up to CR pairs of one expert in `order`. Blocks past the
+// grouping's chunk count exit (the grid is sized for the most chunks, so a captured graph stays
+// valid whatever the routing).
+struct MoeQuantPairs {
+    const int32_t* top_id;
+    const int32_t* order;     // grouped form only
+    const MoeChunk* chunks;   // grouped form only
+    const int32_t* n_chunks;  // grouped form only
+};
+
+template <int CR>
+__device__ __forceinline__ bool moe_quant_block_pairs(const MoeQuantPairs& src, int& expert, int& count, int (&pair)[CR]) {
+    if constexpr (CR == 1) {
+        pair[0] = int(blockIdx.x);
+        expert = src.top_id[pair[0]];
+        count = 1;
+    } else {
+        if (int(blockIdx.x) >= *src.n_chunks) return false;
+        const MoeChunk ch = src.chunks[blockIdx.x];
+        expert = ch.expert;
+        count = ch.count;
+        for (int r = 0; r < CR; ++r) pair[r] = src.order[ch.first + (r < ch.count ? r : 0)];
     }
-    const QuantW gate = qexpert<F>(experts, ch.expert, 0), up = qexpert<F>(experts, ch.expert, 1);
+    return true;
+}
+
+// act[p][f] = silu(x[row] . Wg_e[f]) * (x[row] . Wu_e[f]) for the block's pairs p of expert e: block
+// (pairs, 8 rows f), one warp per f. A pair's value has the same bits in either form (qdot_lanes).
+template <int H, int FF, int TOPK, class F, int CR>
+__global__ void __launch_bounds__(256) moe_quant_up_kernel(const float* __restrict__ x, const void* const* __restrict__ experts,
+                                                           MoeQuantPairs src, float* __restrict__ act) {
+    const int f = blockIdx.y * 8 + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    int e, count, pair[CR];
+    if (f >= FF || !moe_quant_block_pairs<CR>(src, e, count, pair)) return;
+    const float* xr[CR];
+    for (int r = 0; r < CR; ++r) xr[r] = x + size_t(pair[r] / TOPK) * H;
+    const QuantW gate = qexpert<F>(experts, e, 0), up = qexpert<F>(experts, e, 1);
     float g[CR], u[CR];
-    qdot_lanes<H, F, CR>(gate, f, xr, ch.count, lane, g);
-    qdot_lanes<H, F, CR>(up, f, xr, ch.count, lane, u);
+    qdot_lanes<H, F, CR>(gate, f, xr, count, lane, g);
+    qdot_lanes<H, F, CR>(up, f, xr, count, lane, u);
     for (int r = 0; r < CR; ++r) {
-        if (r >= ch.count) break;
+        if (r >= count) break;
         const float gs = qdot_finish<F>(gate, f, warp_sum(g[r])), us = qdot_finish<F>(up, f, warp_sum(u[r]));
         if (lane == 0) act[size_t(pair[r]) * FF + f] = silu(gs) * us;
     }
 }
 
-// The grouped form of moe_quant_down_kernel.
-template <int H, int FF, class F>
-__global__ void __launch_bounds__(256) moe_quant_down_grouped_kernel(const float* __restrict__ act, const void* const* __restrict__ experts,
-                                                                     const int32_t* __restrict__ order, const MoeChunk* __restrict__ chunks,
-                                                                     const int32_t* __restrict__ n_chunks, float* __restrict__ y) {
-    constexpr int CR = kMoeQuantChunk;
-    if (int(blockIdx.x) >= *n_chunks) return;
-    const MoeChunk ch = chunks[blockIdx.x];
+// y[p][h] = act[p] . Wd_e[h] for the block's pairs: block (pairs, 8 rows h), one warp per h.
+template <int H, int FF, class F, int CR>
+__global__ void __launch_bounds__(256) moe_quant_down_kernel(const float* __restrict__ act, const void* const* __restrict__ experts,
+                                                             MoeQuantPairs src, float* __restrict__ y) {
     const int h = blockIdx.y * 8 + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-    if (h >= H) return;
-    int pair[CR];
+    int e, count, pair[CR];
+    if (h >= H || !moe_quant_block_pairs<CR>(src, e, count, pair)) return;
     const float* ar[CR];
-    for (int r = 0; r < CR; ++r) {
-        pair[r] = order[ch.first + (r < ch.count ? r : 0)];
-        ar[r] = act + size_t(pair[r]) * FF;
-    }
-    const QuantW down = qexpert<F>(experts, ch.expert, 2);
+    for (int r = 0; r < CR; ++r) ar[r] = act + size_t(pair[r]) * FF;
+    const QuantW down = qexpert<F>(experts, e, 2);
     float v[CR];
-    qdot_lanes<FF, F, CR>(down, h, ar, ch.count, lane, v);
+    qdot_lanes<FF, F, CR>(down, h, ar, count, lane, v);
     for (int r = 0; r < CR; ++r) {
-        if (r >= ch.count) break;
+        if (r >= count) break;
         const float s = qdot_finish<F>(down, h, warp_sum(v[r]));
         if (lane == 0) y[size_t(pair[r]) * H + h] = s;
     }
@@ -249,20 +218,19 @@ void moe_quant_experts(const Ctx& c, int rows, const float* x, const void* const
     float* y = act + size_t(rows) * TOPK * FF;
     const int pairs = rows * TOPK;
     // Grouped by expert where moe.cuh's bf16 experts would group (moe_gemm_wanted: SCR_CUDA_MOE_GEMM,
-    // moe_gemm_override), and always past the per-pair grid's 65,535 pairs (gridDim.y); the two forms
-    // give the same bits, so the choice keeps batch invariance.
-    if (moe_gemm_wanted(pairs, E) || pairs > 65535) {
+    // moe_gemm_override); the two forms give the same bits, so the choice keeps batch invariance.
+    if (moe_gemm_wanted(pairs, E)) {
         constexpr int CR = qdetail::kMoeQuantChunk;
         const MoeGroupScratch gs = moe_group_scratch(y + size_t(pairs) * H, pairs);
         const int max_chunks = std::min(pairs, pairs / CR + E);
         detail::moe_group_kernel<E, CR><<<1, 1024, 0, c.stream>>>(pairs, top_id, gs.order, gs.chunks, gs.n_chunks);
-        qdetail::moe_quant_up_grouped_kernel<H, FF, TOPK, F>
-            <<<dim3(max_chunks, ceil_div(FF, 8)), 256, 0, c.stream>>>(x, experts, gs.order, gs.chunks, gs.n_chunks, act);
-        qdetail::moe_quant_down_grouped_kernel<H, FF, F>
-            <<<dim3(max_chunks, ceil_div(H, 8)), 256, 0, c.stream>>>(act, experts, gs.order, gs.chunks, gs.n_chunks, y);
+        const qdetail::MoeQuantPairs src{top_id, gs.order, gs.chunks, gs.n_chunks};
+        qdetail::moe_quant_up_kernel<H, FF, TOPK, F, CR><<<dim3(max_chunks, ceil_div(FF, 8)), 256, 0, c.stream>>>(x, experts, src, act);
+        qdetail::moe_quant_down_kernel<H, FF, F, CR><<<dim3(max_chunks, ceil_div(H, 8)), 256, 0, c.stream>>>(act, experts, src, y);
     } else {
-        qdetail::moe_quant_up_kernel<H, FF, TOPK, F><<<dim3(ceil_div(FF, 8), pairs), 256, 0, c.stream>>>(x, experts, top_id, act);
-        qdetail::moe_quant_down_kernel<H, FF, F><<<dim3(ceil_div(H, 8), pairs), 256, 0, c.stream>>>(act, experts, top_id, y);
+        const qdetail::MoeQuantPairs src{top_id, nullptr, nullptr, nullptr};
+        qdetail::moe_quant_up_kernel<H, FF, TOPK, F, 1><<<dim3(pairs, ceil_div(FF, 8)), 256, 0, c.stream>>>(x, experts, src, act);
+        qdetail::moe_quant_down_kernel<H, FF, F, 1><<<dim3(pairs, ceil_div(H, 8)), 256, 0, c.stream>>>(act, experts, src, y);
     }
     detail::moe_combine_kernel<H, TOPK><<<dim3(ceil_div(H, 128), rows), 128, 0, c.stream>>>(rows, top_id, top_w, y, residual, out);
 }

@@ -200,7 +200,7 @@ struct MlxInt4 {
     static constexpr int kPerWord = 8;
     static constexpr bool kAffine = true;  // per-group scale and bias (else: one scale per row)
     static_assert(G % kElems == 0, "a 16-byte chunk must lie inside one group");
-    __device__ __forceinline__ static void unpack(uint32_t w, float (&q)[kPerWord]) { unpack_u4x8(w, q); }
+    __host__ __device__ __forceinline__ static void unpack(uint32_t w, float (&q)[kPerWord]) { unpack_u4x8(w, q); }
     // Tensor-core path: k per 64-byte chunk of a row (4 lanes x 16 bytes), and the lane-index bits
     // exchanged with word-index bits so that word w of every lane lies in one group (see below).
     static constexpr int kMmaChunk = 128;
@@ -217,7 +217,7 @@ struct Int8Channel {
     static constexpr bool kAffine = false;
     static constexpr bool kPerTensor = false;
     static constexpr bool kFp8 = false;
-    __device__ __forceinline__ static void unpack(uint32_t w, float (&q)[kPerWord]) { unpack_s8x4(w, q); }
+    __host__ __device__ __forceinline__ static void unpack(uint32_t w, float (&q)[kPerWord]) { unpack_s8x4(w, q); }
     static constexpr int kMmaChunk = 64;
 };
 
@@ -234,7 +234,7 @@ struct Fp8E4M3 {
     static constexpr bool kPerTensor = PER_TENSOR;
     static constexpr bool kFp8 = true;
     static constexpr bool kViaCvt = VIA_CVT;
-    __device__ __forceinline__ static void unpack(uint32_t w, float (&q)[kPerWord]) { unpack_fp8x4(w, q); }
+    __host__ __device__ __forceinline__ static void unpack(uint32_t w, float (&q)[kPerWord]) { unpack_fp8x4(w, q); }
     static constexpr int kMmaChunk = 64;
 };
 

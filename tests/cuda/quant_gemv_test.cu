@@ -961,7 +961,7 @@ int check_wide_emulation(Fmt f, int n, int k, int rows, uint32_t seed, double& w
 // holds them (each projection's codes, scales and MLX biases adjacent, the table's pointers in
 // apply.cpp's order); one token row x, each expert picked: act = silu(x . Wg) * (x . Wu) and
 // y = act . Wd through qexpert + qdot_lane (32 lanes summed in warp_sum's xor-butterfly order) +
-// qdot_finish, as moe_quant_up_kernel / moe_quant_down_kernel compute them, against float64 from
+// qdot_finish, as moe_quant_up_kernel / moe_quant_down_kernel compute them per pair, against float64 from
 // the layout definition (dequant_row). perturb: the kernel reads the experts' table shifted by one
 // expert (a negative control: must fail).
 template <class F, int H, int FF>
