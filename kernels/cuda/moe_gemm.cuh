@@ -449,12 +449,16 @@ template <int H, int F, typename WT>
 constexpr bool moe_gemm_fits() {
     return std::is_same_v<WT, bf16_t> && H % 32 == 0 && F % 32 == 0;
 }
-inline bool moe_gemm_wanted(int pairs, int experts) {
+// 0: the GEMVs forced, 1: the grouped form forced, 2: neither (the row rule).
+inline int moe_gemm_mode() {
     static const int from_env = [] {
         const char* e = std::getenv("SCR_CUDA_MOE_GEMM");
         return e && std::strcmp(e, "0") == 0 ? 0 : e && std::strcmp(e, "1") == 0 ? 1 : 2;
     }();
-    const int mode = moe_gemm_override() >= 0 ? moe_gemm_override() : from_env;
+    return moe_gemm_override() >= 0 ? moe_gemm_override() : from_env;
+}
+inline bool moe_gemm_wanted(int pairs, int experts) {
+    const int mode = moe_gemm_mode();
     return mode == 1 || (mode == 2 && 2 * pairs >= experts);
 }
 

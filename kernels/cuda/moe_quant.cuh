@@ -2,10 +2,10 @@
 // e4m3 per channel or per tensor: the formats of quant_linear.cuh), the CUDA side of
 // kernels/cpu/moe.hpp's moe_quant. The routing and the combine are moe.cuh's (the same kernels as
 // the bf16 experts, so the same picks and the same summation order); the experts' SwiGLU MLPs run
-// as GEMVs that dequantize each expert row in registers: per (row, pick) pair for few pairs, or
-// grouped by expert (moe_gemm.cuh's grouping, up to 8 pairs of an expert sharing each weight row's
-// loads; the same bits) where the bf16 experts would run grouped GEMMs. No tensor-core GEMM over
-// quantized experts yet: a prefill still reads an expert's packed weights once per 8 pairs.
+// as GEMVs that dequantize each expert row in registers, per (row, pick) pair; a grouped form
+// (moe_gemm.cuh's grouping, up to 8 pairs of an expert sharing each weight row's loads; the same
+// bits) runs only when forced, as it measured slower. No tensor-core GEMM over quantized experts
+// yet, so batches of quantized experts run far below the bf16 experts' grouped GEMMs.
 //
 // The experts' table: expert e's gate, up and down projections at experts[(3 e + j) P], each as
 // its P adjacent weight-table entries (codes, scales, and MLX's biases: P = 3, else 2), the order
@@ -217,9 +217,11 @@ void moe_quant_experts(const Ctx& c, int rows, const float* x, const void* const
     float* act = ws + (4 - (reinterpret_cast<uintptr_t>(ws) / 4) % 4) % 4;
     float* y = act + size_t(rows) * TOPK * FF;
     const int pairs = rows * TOPK;
-    // Grouped by expert where moe.cuh's bf16 experts would group (moe_gemm_wanted: SCR_CUDA_MOE_GEMM,
-    // moe_gemm_override); the two forms give the same bits, so the choice keeps batch invariance.
-    if (moe_gemm_wanted(pairs, E)) {
+    // Per pair unless the grouped form is forced (SCR_CUDA_MOE_GEMM=1, moe_gemm_override() = 1): on
+    // the H100 the grouped GEMVs were slower than the per-pair ones at every batch measured (1-2,048
+    // rows at Qwen3-30B-A3B's shape, int8 and MLX int4 g64: docs/CUDA.md "Session 39"); they stay
+    // for the A/B and the bit-for-bit check. The two forms give the same bits.
+    if (moe_gemm_mode() == 1) {
         constexpr int CR = qdetail::kMoeQuantChunk;
         const MoeGroupScratch gs = moe_group_scratch(y + size_t(pairs) * H, pairs);
         const int max_chunks = std::min(pairs, pairs / CR + E);

@@ -218,16 +218,26 @@ def compare_case(name, want, flat, rows, greedy, rtol):
             f"top-1 same {same_top}/{len(rows)}, "
             f"greedy {'same' if same else 'DIFFERENT ' + str(greedy) + ' vs ' + str(want['greedy'])}")
     if "int4_offset" in want:  # CUDA int4 (f32 activations) vs CPU int4 (int8 activations)
-        worst_max, worst_rms, top4 = 0.0, 0.0, 0
+        # A position where the CPU int4 run is itself outside the tolerance of the CPU's dequantized
+        # reference is the CPU's int8 activations departing (in a MoE: a near-tie routing flipped, the
+        # whole position changes): it is left out and counted; at most a quarter may be.
+        worst_max, worst_rms, top4, compared, cpu_departs = 0.0, 0.0, 0, 0, 0
         for i, g in enumerate(rows):
             at = want["int4_offset"] + i * want["vocab"]
             w = flat[at:at + want["vocab"]]
+            ref = flat[want["offset"] + i * want["vocab"]:want["offset"] + (i + 1) * want["vocab"]]
+            cm, cr = int4_metrics(w, ref)
+            if cm > INT4_MAX_TOL or cr > INT4_RMS_TOL:
+                cpu_departs += 1
+                continue
             m, r = int4_metrics(g, w)
             worst_max, worst_rms = max(worst_max, m), max(worst_rms, r)
             top4 += argmax(g) == argmax(w)
-        good = good and worst_max <= INT4_MAX_TOL and worst_rms <= INT4_RMS_TOL
+            compared += 1
+        good = good and worst_max <= INT4_MAX_TOL and worst_rms <= INT4_RMS_TOL and 4 * cpu_departs <= len(rows)
         line += (f"; vs CPU {want['preset']} (int8 activations): max |diff|/max|logit| {worst_max:.2e}, "
-                 f"rms diff/std {worst_rms:.2e} (<= {INT4_MAX_TOL:g} / {INT4_RMS_TOL:g}), top-1 same {top4}/{len(rows)}, "
+                 f"rms diff/std {worst_rms:.2e} (<= {INT4_MAX_TOL:g} / {INT4_RMS_TOL:g}), top-1 same {top4}/{compared}, "
+                 f"{cpu_departs} positions left out (the CPU int4 run outside that tolerance of its dequantized reference), "
                  f"greedy {'same' if greedy == want['greedy_int4'] else 'different'}")
     print(line + f" -> {'ok' if good else 'FAIL'}")
     return good
