@@ -15,7 +15,7 @@
 // Qwen3-30B-A3B's (H 2048, F 768, 128 experts, top 8). Then the quantized experts (moe_quant.cuh:
 // MLX int4 g32 / g64 / g128, int8, fp8 per channel and per tensor) against float64 and alone vs
 // in a batch. Then (unless --no-bench) the time per call at Qwen3-30B-A3B's shape: the quantized
-// experts beside the bf16 ones for 1 to 256 rows, and both bf16 implementations for 1 to 2,048.
+// experts (per pair and grouped) beside the bf16 ones, and both bf16 implementations, for 1 to 2,048 rows.
 // Exit: 0 all checks passed, 1 a check failed, 77 no GPU (ctest skips).
 #include <cuda_runtime_api.h>
 
