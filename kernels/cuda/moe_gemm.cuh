@@ -449,17 +449,19 @@ template <int H, int F, typename WT>
 constexpr bool moe_gemm_fits() {
     return std::is_same_v<WT, bf16_t> && H % 32 == 0 && F % 32 == 0;
 }
-// 0: the GEMVs forced, 1: the grouped form forced, 2: neither (the row rule).
-inline int moe_gemm_mode() {
-    static const int from_env = [] {
+// Which expert form a step takes: SCR_CUDA_MOE_GEMM=0 / =1 (or moe_gemm_override() 0 / 1) force
+// the per-pair GEMVs / the grouped form; otherwise the row rule of moe_gemm_wanted.
+enum class MoeGemmMode { kPerPair = 0, kGrouped = 1, kByRows = 2 };
+inline MoeGemmMode moe_gemm_mode() {
+    static const MoeGemmMode from_env = [] {
         const char* e = std::getenv("SCR_CUDA_MOE_GEMM");
-        return e && std::strcmp(e, "0") == 0 ? 0 : e && std::strcmp(e, "1") == 0 ? 1 : 2;
+        return e && std::strcmp(e, "0") == 0 ? MoeGemmMode::kPerPair : e && std::strcmp(e, "1") == 0 ? MoeGemmMode::kGrouped : MoeGemmMode::kByRows;
     }();
-    return moe_gemm_override() >= 0 ? moe_gemm_override() : from_env;
+    return moe_gemm_override() >= 0 ? MoeGemmMode(moe_gemm_override()) : from_env;
 }
 inline bool moe_gemm_wanted(int pairs, int experts) {
-    const int mode = moe_gemm_mode();
-    return mode == 1 || (mode == 2 && 2 * pairs >= experts);
+    const MoeGemmMode mode = moe_gemm_mode();
+    return mode == MoeGemmMode::kGrouped || (mode == MoeGemmMode::kByRows && 2 * pairs >= experts);
 }
 
 // act[p] = SwiGLU(x[p / TOPK]) and y[p] = act[p] . Wd for the pairs p of `rows` rows, grouped by

@@ -2,9 +2,13 @@
 // e4m3 per channel or per tensor: the formats of quant_linear.cuh), the CUDA side of
 // kernels/cpu/moe.hpp's moe_quant. The routing and the combine are moe.cuh's (the same kernels as
 // the bf16 experts, so the same picks and the same summation order); the experts' SwiGLU MLPs run
-// as GEMVs that dequantize each expert row in registers, per (row, pick) pair; a grouped form
-// (moe_gemm.cuh's grouping, up to 8 pairs of an expert sharing each weight row's loads; the same
-// bits) runs only when forced, as it measured slower. No tensor-core GEMM over quantized experts
+// as GEMVs that dequantize each expert row in registers, per (row, pick) pair: a block stages its
+// pair's x row in shared memory once (swizzled, so the warp's reads under its lanes' weight chunks
+// are free of bank conflicts; through L1 they touched 32 lines per load and made the kernels
+// L1-bound, docs/CUDA.md "Session 39"), its warps read the gate and up rows in one pass over x and
+// carry several rows each where a row is short. A grouped form (moe_gemm.cuh's grouping, up to 8
+// pairs of an expert sharing each weight row's loads; the same bits) runs only when forced, as it
+// measured slower. No tensor-core GEMM over quantized experts
 // yet, so batches of quantized experts run far below the bf16 experts' grouped GEMMs.
 //
 // The experts' table: expert e's gate, up and down projections at experts[(3 e + j) P], each as
@@ -36,69 +40,122 @@ __host__ __device__ __forceinline__ uint4 qdot_load16(const uint8_t* p) {
 #endif
 }
 
-__host__ __device__ __forceinline__ float4 qdot_x4(const float* p) {
+// Where float4 q of a row staged in shared memory lies (moe_quant_stage_x writes it there): slot
+// q ^ ((q >> 3) & 7), a swizzle inside each 128-byte line. A warp's lanes read the x under their own
+// consecutive 16-byte weight chunks (32 or 16 floats apart), so unswizzled, the 8 lanes of a 128-bit
+// access phase would all hit the same banks; swizzled, they hit 8 different 16-byte bank groups.
+__host__ __device__ constexpr int qdot_x_slot(int q) { return q ^ ((q >> 3) & 7); }
+
+// Floats x[i .. i + 4) of a row: as given (global memory, the read-only path), or the row staged
+// swizzled in shared memory (SMEM_X).
+template <bool SMEM_X>
+__host__ __device__ __forceinline__ float4 qdot_x4(const float* x, size_t i) {
+    if constexpr (SMEM_X) {
+        return reinterpret_cast<const float4*>(x)[qdot_x_slot(int(i / 4))];
+    } else {
 #ifdef __CUDA_ARCH__
-    return __ldg(reinterpret_cast<const float4*>(p));
+        return __ldg(reinterpret_cast<const float4*>(x + i));
 #else
-    return float4{p[0], p[1], p[2], p[3]};
+        return float4{x[i], x[i + 1], x[i + 2], x[i + 3]};
 #endif
+    }
 }
 
-// Lane `lane`'s parts of the dot products of row n of a quantized [N][K] matrix with the rows
-// x[0 .. nr) (nr <= R): the row's 16-byte chunks lane, lane + 32, ... (4 loads in flight), each
-// loaded and unpacked once for all the rows. MLX affine: s * sum(x q) + b * sum(x) per chunk (a
-// chunk lies inside one group, G >= 32); one scale per row (or tensor): sum(x q), the scale applied
-// to the warp's sum (qdot_finish). The warp's sum of the 32 lanes' parts is a dot. Every product
-// that meets an addition is an explicit fmaf, so a row's arithmetic, and its bits, are the same
-// for any R and whichever other rows share the call (the grouped and per-pair kernels agree bit for
-// bit). Host and device: the host self-test runs it lane by lane (so no `#pragma unroll`, which the
-// host compiler warns of; nvcc unrolls these constant trip counts).
-template <int K, class F, int R>
-__host__ __device__ __forceinline__ void qdot_lanes(const QuantW& w, int n, const float* const (&x)[R], int nr, int lane, float (&acc)[R]) {
+// Lane `lane`'s parts of the dot products of rows n[m] of the quantized [N][K] matrices w[m]
+// (m < M) with the rows x[0 .. nr) (nr <= R): each matrix row's 16-byte chunks lane, lane + 32, ...
+// (up to 4 loads per matrix in flight), each loaded and unpacked once for all the x rows, and each x
+// value read once for all M matrix rows (a SwiGLU's gate and up, or a warp's several rows). MLX
+// affine: s * sum(x q) + b * sum(x) per chunk (a chunk lies inside one group, G >= 32); one scale
+// per row (or tensor): sum(x q), the scale applied to the warp's sum (qdot_finish). The warp's sum
+// of the 32 lanes' parts is a dot. Every product that meets an addition is an explicit fmaf, so
+// an (m, r) part's arithmetic, and its bits, are the same for any R, M and SMEM_X and whichever
+// other rows share the call (the grouped and per-pair kernels agree bit for bit). Host and device:
+// the host self-test runs it lane by lane (so no bare `#pragma unroll`, which the host compiler
+// warns of: SCR_QDOT_UNROLL is the pragma on the device only; without it nvcc left the wide M forms'
+// arrays in local memory). Loads per matrix in flight: 4, or fewer where a row has fewer chunks per
+// lane (the chunks' order per lane, and so the bits, do not depend on it).
+#ifdef __CUDA_ARCH__
+#define SCR_QDOT_UNROLL _Pragma("unroll")
+#else
+#define SCR_QDOT_UNROLL
+#endif
+template <int K, class F, int R, int M = 1, bool SMEM_X = false>
+__host__ __device__ __forceinline__ void qdot_lanes(const QuantW (&w)[M], const int (&n)[M], const float* const (&x)[R], int nr, int lane,
+                                                    float (&acc)[M][R]) {
     using ST = typename F::Scale;
-    constexpr int PW = F::kPerWord, kChunks = K / F::kElems, kBatch = 4;
+    constexpr int PW = F::kPerWord, kChunks = K / F::kElems, kBatch = ceil_div(kChunks, kWarp) < 4 ? ceil_div(kChunks, kWarp) : 4;
     static_assert(K % F::kElems == 0, "K must be a whole number of 16-byte chunks of the packed row");
     static_assert(K % (F::kAffine ? F::kGroup : 1) == 0, "K must be a whole number of groups");
-    const uint8_t* row = static_cast<const uint8_t*>(w.q) + size_t(n) * (size_t(kChunks) * 16);
-    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    const uint8_t* row[M];
+    SCR_QDOT_UNROLL
+    for (int m = 0; m < M; ++m) {
+        row[m] = static_cast<const uint8_t*>(w[m].q) + size_t(n[m]) * (size_t(kChunks) * 16);
+        SCR_QDOT_UNROLL
+        for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
+    }
+    SCR_QDOT_UNROLL
     for (int c0 = 0; c0 < kChunks; c0 += 32 * kBatch) {
-        uint4 wv[kBatch];
+        uint4 wv[M][kBatch];
+        SCR_QDOT_UNROLL
         for (int b = 0; b < kBatch; ++b) {
             const int c = c0 + b * 32 + lane;
-            if (c < kChunks) wv[b] = qdot_load16(row + size_t(c) * 16);
+            if (c < kChunks) {
+                SCR_QDOT_UNROLL
+                for (int m = 0; m < M; ++m) wv[m][b] = qdot_load16(row[m] + size_t(c) * 16);
+            }
         }
+        SCR_QDOT_UNROLL
         for (int b = 0; b < kBatch; ++b) {
             const int c = c0 + b * 32 + lane;
             if (c >= kChunks) continue;
-            const uint32_t words[4] = {wv[b].x, wv[b].y, wv[b].z, wv[b].w};
-            float aq[R], xs[R];
-            for (int r = 0; r < R; ++r) aq[r] = xs[r] = 0.0f;
+            float aq[M][R], xs[R];
+            SCR_QDOT_UNROLL
+            for (int r = 0; r < R; ++r) {
+                xs[r] = 0.0f;
+                SCR_QDOT_UNROLL
+                for (int m = 0; m < M; ++m) aq[m][r] = 0.0f;
+            }
+            SCR_QDOT_UNROLL
             for (int j = 0; j < 4; ++j) {
-                float q[PW];
-                F::unpack(words[j], q);
+                float q[M][PW];
+                SCR_QDOT_UNROLL
+                for (int m = 0; m < M; ++m) {
+                    const uint32_t word = j == 0 ? wv[m][b].x : j == 1 ? wv[m][b].y : j == 2 ? wv[m][b].z : wv[m][b].w;
+                    F::unpack(word, q[m]);
+                }
+                SCR_QDOT_UNROLL
                 for (int r = 0; r < R; ++r) {
                     if (r >= nr) break;
+                    SCR_QDOT_UNROLL
                     for (int i = 0; i < PW; i += 4) {
-                        const float4 f = qdot_x4(x[r] + size_t(c) * F::kElems + j * PW + i);
-                        aq[r] = fmaf(f.x, q[i], aq[r]);
-                        aq[r] = fmaf(f.y, q[i + 1], aq[r]);
-                        aq[r] = fmaf(f.z, q[i + 2], aq[r]);
-                        aq[r] = fmaf(f.w, q[i + 3], aq[r]);
+                        const float4 f = qdot_x4<SMEM_X>(x[r], size_t(c) * F::kElems + j * PW + i);
+                        SCR_QDOT_UNROLL
+                        for (int m = 0; m < M; ++m) {
+                            aq[m][r] = fmaf(f.x, q[m][i], aq[m][r]);
+                            aq[m][r] = fmaf(f.y, q[m][i + 1], aq[m][r]);
+                            aq[m][r] = fmaf(f.z, q[m][i + 2], aq[m][r]);
+                            aq[m][r] = fmaf(f.w, q[m][i + 3], aq[m][r]);
+                        }
                         if constexpr (F::kAffine) xs[r] += (f.x + f.y) + (f.z + f.w);
                     }
                 }
             }
-            if constexpr (F::kAffine) {
-                const size_t g = size_t(n) * (K / F::kGroup) + size_t(c) * F::kElems / F::kGroup;
-                const float sc = to_f32(static_cast<const ST*>(w.scales)[g]), bi = to_f32(static_cast<const ST*>(w.biases)[g]);
-                for (int r = 0; r < R; ++r) {
-                    if (r >= nr) break;
-                    acc[r] += fmaf(sc, aq[r], bi * xs[r]);
-                }
-            } else {
-                for (int r = 0; r < R; ++r) {
-                    if (r >= nr) break;
-                    acc[r] += aq[r];
+            SCR_QDOT_UNROLL
+            for (int m = 0; m < M; ++m) {
+                if constexpr (F::kAffine) {
+                    const size_t g = size_t(n[m]) * (K / F::kGroup) + size_t(c) * F::kElems / F::kGroup;
+                    const float sc = to_f32(static_cast<const ST*>(w[m].scales)[g]), bi = to_f32(static_cast<const ST*>(w[m].biases)[g]);
+                    SCR_QDOT_UNROLL
+                    for (int r = 0; r < R; ++r) {
+                        if (r >= nr) break;
+                        acc[m][r] += fmaf(sc, aq[m][r], bi * xs[r]);
+                    }
+                } else {
+                    SCR_QDOT_UNROLL
+                    for (int r = 0; r < R; ++r) {
+                        if (r >= nr) break;
+                        acc[m][r] += aq[m][r];
+                    }
                 }
             }
         }
@@ -109,10 +166,12 @@ __host__ __device__ __forceinline__ void qdot_lanes(const QuantW& w, int n, cons
 // self-test's reference form for the grouped one).
 template <int K, class F>
 __host__ __device__ __forceinline__ float qdot_lane(const QuantW& w, int n, const float* x, int lane) {
+    const QuantW ws[1] = {w};
+    const int ns[1] = {n};
     const float* const xs[1] = {x};
-    float acc[1];
-    qdot_lanes<K, F, 1>(w, n, xs, 1, lane, acc);
-    return acc[0];
+    float acc[1][1];
+    qdot_lanes<K, F, 1>(ws, ns, xs, 1, lane, acc);
+    return acc[0][0];
 }
 
 // The dot product from the warp's sum of qdot_lane: times the row's (or tensor's) scale for the
@@ -166,43 +225,105 @@ __device__ __forceinline__ bool moe_quant_block_pairs(const MoeQuantPairs& src, 
     return true;
 }
 
+// Matrix rows per warp of the per-pair kernels: enough that each lane has about kLoads 16-byte
+// weight loads in flight (MATS matrices per row: 2 for the SwiGLU's gate and up), at most 8.
+constexpr int kMoeQuantLoads = 8;
+template <int K, class F, int MATS>
+constexpr int kMoeQuantRowsPerWarp = std::clamp(kMoeQuantLoads / (ceil_div(K / F::kElems, kWarp) * MATS), 1, 8);
+
+// Floats of shared memory for one staged x row of K floats (whole 128-byte lines: the swizzle
+// stays inside a line).
+template <int K>
+constexpr int kMoeQuantStagedFloats = ceil_div(K, 32) * 32;
+
+// The per-pair kernels' x row (K floats, 16-byte aligned) into shared memory, swizzled for
+// qdot_x4<true>: every warp of the block reads it, for every one of its matrix rows, so it comes
+// from global memory (L2) once per block instead of once per row through L1.
+template <int K>
+__device__ __forceinline__ void moe_quant_stage_x(const float* __restrict__ x, float* staged) {
+    static_assert(K % 4 == 0, "the staged row is copied as float4");
+    const float4* src = reinterpret_cast<const float4*>(x);
+    float4* dst = reinterpret_cast<float4*>(staged);
+    for (int q = threadIdx.x; q < K / 4; q += blockDim.x) dst[qdot_x_slot(q)] = src[q];
+    __syncthreads();
+}
+
 // act[p][f] = silu(x[row] . Wg_e[f]) * (x[row] . Wu_e[f]) for the block's pairs p of expert e: block
-// (pairs, 8 rows f), one warp per f. A pair's value has the same bits in either form (qdot_lanes).
+// (pairs, 8 warps), each warp RPW adjacent rows f, gate and up in one pass over x. Per pair (CR ==
+// 1) the pair's x row is staged in shared memory first; the grouped form (CR rows) reads x from
+// global memory. A pair's value has the same bits in either form (qdot_lanes).
 template <int H, int FF, int TOPK, class F, int CR>
 __global__ void __launch_bounds__(256) moe_quant_up_kernel(const float* __restrict__ x, const void* const* __restrict__ experts,
                                                            MoeQuantPairs src, float* __restrict__ act) {
-    const int f = blockIdx.y * 8 + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    constexpr bool kStage = CR == 1;
+    constexpr int RPW = kStage ? kMoeQuantRowsPerWarp<H, F, 2> : 1, M = 2 * RPW;
+    __shared__ __align__(16) float staged[kStage ? kMoeQuantStagedFloats<H> : 4];
     int e, count, pair[CR];
-    if (f >= FF || !moe_quant_block_pairs<CR>(src, e, count, pair)) return;
+    if (!moe_quant_block_pairs<CR>(src, e, count, pair)) return;  // the same for the whole block
     const float* xr[CR];
-    for (int r = 0; r < CR; ++r) xr[r] = x + size_t(pair[r] / TOPK) * H;
+    if constexpr (kStage) {
+        moe_quant_stage_x<H>(x + size_t(pair[0] / TOPK) * H, staged);
+        xr[0] = staged;
+    } else {
+        for (int r = 0; r < CR; ++r) xr[r] = x + size_t(pair[r] / TOPK) * H;
+    }
+    const int f0 = (blockIdx.y * 8 + threadIdx.x / kWarp) * RPW, lane = threadIdx.x % kWarp;
+    if (f0 >= FF) return;
     const QuantW gate = qexpert<F>(experts, e, 0), up = qexpert<F>(experts, e, 1);
-    float g[CR], u[CR];
-    qdot_lanes<H, F, CR>(gate, f, xr, count, lane, g);
-    qdot_lanes<H, F, CR>(up, f, xr, count, lane, u);
-    for (int r = 0; r < CR; ++r) {
-        if (r >= count) break;
-        const float gs = qdot_finish<F>(gate, f, warp_sum(g[r])), us = qdot_finish<F>(up, f, warp_sum(u[r]));
-        if (lane == 0) act[size_t(pair[r]) * FF + f] = silu(gs) * us;
+    QuantW w[M];
+    int n[M];
+    for (int i = 0; i < RPW; ++i) {
+        w[2 * i] = gate;
+        w[2 * i + 1] = up;
+        n[2 * i] = n[2 * i + 1] = f0 + i < FF ? f0 + i : FF - 1;  // rows past FF: computed, not written
+    }
+    float v[M][CR];
+    qdot_lanes<H, F, CR, M, kStage>(w, n, xr, count, lane, v);
+    for (int i = 0; i < RPW; ++i) {
+        if (f0 + i >= FF) break;
+        for (int r = 0; r < CR; ++r) {
+            if (r >= count) break;
+            const float gs = qdot_finish<F>(gate, f0 + i, warp_sum(v[2 * i][r])), us = qdot_finish<F>(up, f0 + i, warp_sum(v[2 * i + 1][r]));
+            if (lane == 0) act[size_t(pair[r]) * FF + f0 + i] = silu(gs) * us;
+        }
     }
 }
 
-// y[p][h] = act[p] . Wd_e[h] for the block's pairs: block (pairs, 8 rows h), one warp per h.
+// y[p][h] = act[p] . Wd_e[h] for the block's pairs: block (pairs, 8 warps), each warp RPW adjacent
+// rows h; per pair the act row staged in shared memory as the up kernel's x.
 template <int H, int FF, class F, int CR>
 __global__ void __launch_bounds__(256) moe_quant_down_kernel(const float* __restrict__ act, const void* const* __restrict__ experts,
                                                              MoeQuantPairs src, float* __restrict__ y) {
-    const int h = blockIdx.y * 8 + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    constexpr bool kStage = CR == 1;
+    constexpr int RPW = kStage ? kMoeQuantRowsPerWarp<FF, F, 1> : 1;
+    __shared__ __align__(16) float staged[kStage ? kMoeQuantStagedFloats<FF> : 4];
     int e, count, pair[CR];
-    if (h >= H || !moe_quant_block_pairs<CR>(src, e, count, pair)) return;
+    if (!moe_quant_block_pairs<CR>(src, e, count, pair)) return;  // the same for the whole block
     const float* ar[CR];
-    for (int r = 0; r < CR; ++r) ar[r] = act + size_t(pair[r]) * FF;
+    if constexpr (kStage) {
+        moe_quant_stage_x<FF>(act + size_t(pair[0]) * FF, staged);
+        ar[0] = staged;
+    } else {
+        for (int r = 0; r < CR; ++r) ar[r] = act + size_t(pair[r]) * FF;
+    }
+    const int h0 = (blockIdx.y * 8 + threadIdx.x / kWarp) * RPW, lane = threadIdx.x % kWarp;
+    if (h0 >= H) return;
     const QuantW down = qexpert<F>(experts, e, 2);
-    float v[CR];
-    qdot_lanes<FF, F, CR>(down, h, ar, count, lane, v);
-    for (int r = 0; r < CR; ++r) {
-        if (r >= count) break;
-        const float s = qdot_finish<F>(down, h, warp_sum(v[r]));
-        if (lane == 0) y[size_t(pair[r]) * H + h] = s;
+    QuantW w[RPW];
+    int n[RPW];
+    for (int i = 0; i < RPW; ++i) {
+        w[i] = down;
+        n[i] = h0 + i < H ? h0 + i : H - 1;  // rows past H: computed, not written
+    }
+    float v[RPW][CR];
+    qdot_lanes<FF, F, CR, RPW, kStage>(w, n, ar, count, lane, v);
+    for (int i = 0; i < RPW; ++i) {
+        if (h0 + i >= H) break;
+        for (int r = 0; r < CR; ++r) {
+            if (r >= count) break;
+            const float s = qdot_finish<F>(down, h0 + i, warp_sum(v[i][r]));
+            if (lane == 0) y[size_t(pair[r]) * H + h0 + i] = s;
+        }
     }
 }
 
@@ -221,7 +342,7 @@ void moe_quant_experts(const Ctx& c, int rows, const float* x, const void* const
     // the H100 the grouped GEMVs were slower than the per-pair ones at every batch measured (1-2,048
     // rows at Qwen3-30B-A3B's shape, int8 and MLX int4 g64: docs/CUDA.md "Session 39"); they stay
     // for the A/B and the bit-for-bit check. The two forms give the same bits.
-    if (moe_gemm_mode() == 1) {
+    if (moe_gemm_mode() == MoeGemmMode::kGrouped) {
         constexpr int CR = qdetail::kMoeQuantChunk;
         const MoeGroupScratch gs = moe_group_scratch(y + size_t(pairs) * H, pairs);
         const int max_chunks = std::min(pairs, pairs / CR + E);
@@ -231,8 +352,9 @@ void moe_quant_experts(const Ctx& c, int rows, const float* x, const void* const
         qdetail::moe_quant_down_kernel<H, FF, F, CR><<<dim3(max_chunks, ceil_div(H, 8)), 256, 0, c.stream>>>(act, experts, src, y);
     } else {
         const qdetail::MoeQuantPairs src{top_id, nullptr, nullptr, nullptr};
-        qdetail::moe_quant_up_kernel<H, FF, TOPK, F, 1><<<dim3(pairs, ceil_div(FF, 8)), 256, 0, c.stream>>>(x, experts, src, act);
-        qdetail::moe_quant_down_kernel<H, FF, F, 1><<<dim3(pairs, ceil_div(H, 8)), 256, 0, c.stream>>>(act, experts, src, y);
+        constexpr int kUpRows = 8 * qdetail::kMoeQuantRowsPerWarp<H, F, 2>, kDownRows = 8 * qdetail::kMoeQuantRowsPerWarp<FF, F, 1>;
+        qdetail::moe_quant_up_kernel<H, FF, TOPK, F, 1><<<dim3(pairs, ceil_div(FF, kUpRows)), 256, 0, c.stream>>>(x, experts, src, act);
+        qdetail::moe_quant_down_kernel<H, FF, F, 1><<<dim3(pairs, ceil_div(H, kDownRows)), 256, 0, c.stream>>>(act, experts, src, y);
     }
     detail::moe_combine_kernel<H, TOPK><<<dim3(ceil_div(H, 128), rows), 128, 0, c.stream>>>(rows, top_id, top_w, y, residual, out);
 }

@@ -206,10 +206,10 @@ def load_expected(out_dir):
 
 def compare_case(name, want, flat, rows, greedy, rtol):
     """One case's CUDA logits and greedy tokens against the CPU side's; prints its line, returns pass."""
+    vocab = want["vocab"]
+    refs = [flat[want["offset"] + i * vocab:want["offset"] + (i + 1) * vocab] for i in range(len(rows))]
     worst, same_top = 0.0, 0
-    for i, g in enumerate(rows):
-        at = want["offset"] + i * want["vocab"]
-        w = flat[at:at + want["vocab"]]
+    for g, w in zip(rows, refs):
         worst = max(worst, rel(g, w))
         same_top += argmax(g) == argmax(w)
     same = greedy == want["greedy"]
@@ -222,10 +222,8 @@ def compare_case(name, want, flat, rows, greedy, rtol):
         # reference is the CPU's int8 activations departing (in a MoE: a near-tie routing flipped, the
         # whole position changes): it is left out and counted; at most a quarter may be.
         worst_max, worst_rms, top4, compared, cpu_departs = 0.0, 0.0, 0, 0, 0
-        for i, g in enumerate(rows):
-            at = want["int4_offset"] + i * want["vocab"]
-            w = flat[at:at + want["vocab"]]
-            ref = flat[want["offset"] + i * want["vocab"]:want["offset"] + (i + 1) * want["vocab"]]
+        for i, (g, ref) in enumerate(zip(rows, refs)):
+            w = flat[want["int4_offset"] + i * vocab:want["int4_offset"] + (i + 1) * vocab]
             cm, cr = int4_metrics(w, ref)
             if cm > INT4_MAX_TOL or cr > INT4_RMS_TOL:
                 cpu_departs += 1

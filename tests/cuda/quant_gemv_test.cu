@@ -961,8 +961,8 @@ int check_wide_emulation(Fmt f, int n, int k, int rows, uint32_t seed, double& w
 // holds them (each projection's codes, scales and MLX biases adjacent, the table's pointers in
 // apply.cpp's order); one token row x, each expert picked: act = silu(x . Wg) * (x . Wu) and
 // y = act . Wd through qexpert + qdot_lane (32 lanes summed in warp_sum's xor-butterfly order) +
-// qdot_finish, as moe_quant_up_kernel / moe_quant_down_kernel compute them per pair, against float64 from
-// the layout definition (dequant_row). perturb: the kernel reads the experts' table shifted by one
+// qdot_finish, against float64 from the layout definition (dequant_row); the kernels' own forms
+// (grouped: several x rows; per pair: x staged swizzled, several matrix rows) bit for bit that one. perturb: the kernel reads the experts' table shifted by one
 // expert (a negative control: must fail).
 template <class F, int H, int FF>
 int check_moe_qdot(Fmt f, uint32_t seed, double& worst, bool perturb = false) {
@@ -1013,14 +1013,30 @@ int check_moe_qdot(Fmt f, uint32_t seed, double& worst, bool perturb = false) {
         for (auto& v : xg) v = ux(rng);
         const float* rows[qdetail::kMoeQuantChunk];
         for (int r = 0; r < qdetail::kMoeQuantChunk; ++r) rows[r] = &xg[size_t(std::min(r, 4)) * H];
-        const QuantW gate = qdetail::qexpert<F>(experts, 1, 0);
+        const QuantW gate = qdetail::qexpert<F>(experts, 1, 0), up = qdetail::qexpert<F>(experts, 1, 1);
+        // The per-pair kernels' form: x staged swizzled (as moe_quant_stage_x), gate and up rows n
+        // and n + 1 in one call (M = 4, qdot_x4<true>).
+        std::vector<float4> staged(qdetail::kMoeQuantStagedFloats<H> / 4);
+        for (int q = 0; q < H / 4; ++q) staged[qdetail::qdot_x_slot(q)] = float4{xg[4 * q], xg[4 * q + 1], xg[4 * q + 2], xg[4 * q + 3]};
+        const float* const staged_row[1] = {reinterpret_cast<const float*>(staged.data())};
         for (int n = 0; n < FF; n += 7)
             for (int l = 0; l < 32; ++l) {
-                float part[qdetail::kMoeQuantChunk];
-                qdetail::qdot_lanes<H, F, qdetail::kMoeQuantChunk>(gate, n, rows, 5, l, part);
+                const QuantW g1[1] = {gate};
+                const int n1[1] = {n};
+                float part[1][qdetail::kMoeQuantChunk];
+                qdetail::qdot_lanes<H, F, qdetail::kMoeQuantChunk>(g1, n1, rows, 5, l, part);
                 for (int r = 0; r < 5; ++r) {
                     const float one = qdetail::qdot_lane<H, F>(gate, n, rows[r], l);
-                    bad += std::memcmp(&one, &part[r], 4) != 0;
+                    bad += std::memcmp(&one, &part[0][r], 4) != 0;
+                }
+                const int n2 = n + 1 < FF ? n + 1 : n;
+                const QuantW w4[4] = {gate, up, gate, up};
+                const int n4[4] = {n, n, n2, n2};
+                float four[4][1];
+                qdetail::qdot_lanes<H, F, 1, 4, true>(w4, n4, staged_row, 1, l, four);
+                for (int m = 0; m < 4; ++m) {
+                    const float one = qdetail::qdot_lane<H, F>(w4[m], n4[m], rows[0], l);
+                    bad += std::memcmp(&one, &four[m][0], 4) != 0;
                 }
             }
     }
@@ -1325,8 +1341,8 @@ int host_selftest() {
     moe_case.template operator()<qdetail::MlxInt4<32, bf16_t>, 4224, 128>(Fmt::int4_g32, 28);
     moe_case.template operator()<qdetail::Fp8E4M3<bf16_t, false>, 4224, 128>(Fmt::fp8, 29);
     std::printf("host selftest (quantized MoE experts' GEMVs emulated, 32 lanes: gate/up/down of 3 experts through the experts' "
-                "table, %d format/width cases, against float64, bound 2e-5 B + 1e-6; the grouped form's 5 of 8 rows bit for bit "
-                "the per-pair form's): worst err/bound %.3g, %d wrong; negative control (table shifted by one expert) caught "
+                "table, %d format/width cases, against float64, bound 2e-5 B + 1e-6; the grouped form's 5 of 8 rows and the per-pair "
+                "form's staged x (gate and up of 2 rows in one pass) bit for bit the one-row form's): worst err/bound %.3g, %d wrong; negative control (table shifted by one expert) caught "
                 "%d/%d: %s\n",
                 mcases, mworst, mbad, mcontrol, mcases, mbad == 0 && mcontrol == mcases ? "ok" : "FAILED");
     bbad += mbad + (mcases - mcontrol);

@@ -1,0 +1,74 @@
+#!/bin/bash
+# The quantized MoE experts (kernels/cuda/moe_quant.cuh) on the GPU machine, one call of the run tool
+# per part, most important first:
+#   OUT=$OUT [PARTS="checks 30b"] [VARIANTS="g64 bf16"] [BASE=CARRY_DIR2 [ROUNDS=2]] bash tests/cuda/moe_quant_run.sh CARRY_DIR
+# CARRY_DIR (git-ignored; docs/CUDA.md "Session 38" / "Session 40" make it):
+#   bin.tar.xz      tests/cuda/pack_carry.sh of a CUDA build with -DSCR_MODELS=tiny-qwen3-moe
+#                   -DSCR_QUANT="bf16;int8;fp8;fp8-tensor;mlx-int4-g32" -DSCR_TESTS=ON;
+#   expected.json   (optional) tests/cuda/quant_e2e.py expect on the CPU build: end to end checked;
+#   m30/bin.tar.xz  (for part 30b) pack_carry.sh of -DSCR_MODELS=qwen3-30b-a3b -DSCR_QUANT="bf16;mlx-int4-g64".
+# Parts:
+#   checks  scr_cuda_moe (every format against float64, grouped vs per pair and each row alone bit for
+#           bit, then the experts' times per call at Qwen3-30B-A3B's shape); with BASE (another
+#           carry's bin.tar.xz), ROUNDS alternating runs of its scr_cuda_moe and ours, the times side
+#           by side; quant_e2e_run.sh if expected.json travelled; compute-sanitizer memcheck of a tiny
+#           MoE MLX int4 g32 and int8 completion per pair and grouped;
+#   30b     a Qwen3-30B-A3B-shaped model (random bf16, /dev/shm), its MLX int4 g64 quantization
+#           (`scr quantize`), `scr cuda-bench` of each of VARIANTS (g64, g64-grouped, bf16).
+set -u
+CARRY=${1:-.moeq-carry}
+OUT=${OUT:-/tmp/scr-moeq-out}
+LOGS=/tmp/scr-moeq-logs  # tarred into $OUT at the end (the run tool brings back few files)
+mkdir -p "$LOGS" "$OUT"
+exec > >(tee -a "$OUT/summary.txt") 2>&1
+. tests/cuda/device_lib.sh
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+
+if [[ " ${PARTS:-checks 30b} " == *" checks "* ]]; then
+    device_unpack "$CARRY" /tmp/scr-moeq-bin
+    step moe_checks 240 $C/scr_cuda_moe
+    grep -E "^FAIL|passed|FAILED|^\|" "$LOGS/moe_checks.txt"
+    if [ -n "${BASE:-}" ]; then  # A/B of the experts' times: BASE's scr_cuda_moe and ours, alternating
+        N=$C
+        device_unpack "$BASE" /tmp/scr-moeq-base
+        for r in $(seq ${ROUNDS:-2}); do
+            for v in base new; do
+                x=$N; [ $v = base ] && x=$C
+                step moe_${v}_r$r 240 $x/scr_cuda_moe
+                echo "== $v round $r:"; grep -E "^FAIL|FAILED|^\| [0-9]" "$LOGS/moe_${v}_r$r.txt" | head -12
+            done
+        done
+        C=$N
+    fi
+    if [ -f "$CARRY/expected.json" ]; then
+        step quant_e2e 150 env OUT=$OUT/e2e bash tests/cuda/quant_e2e_run.sh "$CARRY"
+        tail -n 12 "$LOGS/quant_e2e.txt"
+    fi
+    F=tests/fixtures/Qwen3MoeForCausalLM
+    IDS=$(seq -s, 1 40)
+    for p in mlx-int4-g32 int8; do
+        step quantize_$p 60 $C/scr quantize $F /tmp/qm-$p --preset $p
+        for g in 0 1; do  # SCR_CUDA_MOE_GEMM: 0 per pair (the default), 1 grouped
+            step memcheck_${p}_$g 120 env SCR_CUDA_MOE_GEMM=$g compute-sanitizer --tool memcheck --error-exitcode 9 \
+                $C/scr complete /tmp/qm-$p --quant $p --ids $IDS --max-tokens 4
+            echo "memcheck $p gemm=$g: $(grep -h 'ERROR SUMMARY' "$LOGS/memcheck_${p}_$g.txt")"
+        done
+    done
+fi
+
+if [[ " ${PARTS:-checks 30b} " == *" 30b "* ]]; then
+    device_unpack "$CARRY/m30" /tmp/scr-moeq-m30
+    make_model 30b  # M=/dev/shm/m30b... as device_lib.sh names it
+    [ -f $M/config.json ] || { echo "no 30B model"; printf '%s\n' "${summary[@]}"; exit 1; }
+    step quantize_30b 300 $C/scr quantize $M $M-g64 --preset mlx-int4-g64
+    du -sh $M $M-g64
+    for v in ${VARIANTS:-g64 bf16}; do
+        m=$M-g64 e=
+        [ $v = bf16 ] && m=$M
+        [ $v = g64-grouped ] && e=SCR_CUDA_MOE_GEMM=1
+        step bench_30b_$v 170 env $e $C/scr cuda-bench $m --prompt 64 --decode 64 --prefill 2048 --batches 16,64 --batch-steps 16
+        echo "== 30b $v:"; grep -h '^batch-1 decode\|^decode batch\|^prefill\|floor' "$LOGS/bench_30b_$v.txt" | cut -c1-200
+    done
+fi
+printf '%s\n' "${summary[@]}"
+tar -C "$LOGS" -cJf "$OUT/logs.tar.xz" .
