@@ -8,8 +8,8 @@
 // L1-bound, docs/CUDA.md "Session 39"), its warps read the gate and up rows in one pass over x and
 // carry several rows each where a row is short. A grouped form (moe_gemm.cuh's grouping, up to 8
 // pairs of an expert sharing each weight row's loads; the same bits) runs only when forced, as it
-// measured slower. No tensor-core GEMM over quantized experts
-// yet, so batches of quantized experts run far below the bf16 experts' grouped GEMMs.
+// measured slower. No tensor-core GEMM over quantized experts yet, so from ~64 rows batches of
+// quantized experts run below the bf16 experts' grouped GEMMs (docs/CUDA.md "Session 40").
 //
 // The experts' table: expert e's gate, up and down projections at experts[(3 e + j) P], each as
 // its P adjacent weight-table entries (codes, scales, and MLX's biases: P = 3, else 2), the order
@@ -62,8 +62,8 @@ __host__ __device__ __forceinline__ float4 qdot_x4(const float* x, size_t i) {
 }
 
 // Lane `lane`'s parts of the dot products of rows n[m] of the quantized [N][K] matrices w[m]
-// (m < M) with the rows x[0 .. nr) (nr <= R): each matrix row's 16-byte chunks lane, lane + 32, ...
-// (up to 4 loads per matrix in flight), each loaded and unpacked once for all the x rows, and each x
+// (m < M) with the rows x[0 .. nr) (nr <= R): each matrix row's 16-byte chunks lane, lane + 32, ...,
+// each loaded and unpacked once for all the x rows, and each x
 // value read once for all M matrix rows (a SwiGLU's gate and up, or a warp's several rows). MLX
 // affine: s * sum(x q) + b * sum(x) per chunk (a chunk lies inside one group, G >= 32); one scale
 // per row (or tensor): sum(x q), the scale applied to the warp's sum (qdot_finish). The warp's sum
@@ -236,12 +236,22 @@ constexpr int kMoeQuantRowsPerWarp = std::clamp(kMoeQuantLoads / (ceil_div(K / F
 template <int K>
 constexpr int kMoeQuantStagedFloats = ceil_div(K, 32) * 32;
 
+// Output rows per block of the per-pair kernels (8 warps): the up kernel's (K = H, gate and up per
+// row) and the down kernel's (K = FF); the launches size their grids by the same constants.
+template <int H, class F>
+constexpr int kMoeQuantUpRowsPerBlock = 8 * kMoeQuantRowsPerWarp<H, F, 2>;
+template <int FF, class F>
+constexpr int kMoeQuantDownRowsPerBlock = 8 * kMoeQuantRowsPerWarp<FF, F, 1>;
+
 // The per-pair kernels' x row (K floats, 16-byte aligned) into shared memory, swizzled for
 // qdot_x4<true>: every warp of the block reads it, for every one of its matrix rows, so it comes
 // from global memory (L2) once per block instead of once per row through L1.
 template <int K>
 __device__ __forceinline__ void moe_quant_stage_x(const float* __restrict__ x, float* staged) {
     static_assert(K % 4 == 0, "the staged row is copied as float4");
+    static_assert(kMoeQuantStagedFloats<K> * 4 <= 48 * 1024,
+                  "quantized MoE experts: the per-pair kernels stage a row of hidden_size (up) or moe_intermediate_size "
+                  "(down) floats in static shared memory, at most 48 KiB (12,288 floats); this model's row is larger");
     const float4* src = reinterpret_cast<const float4*>(x);
     float4* dst = reinterpret_cast<float4*>(staged);
     for (int q = threadIdx.x; q < K / 4; q += blockDim.x) dst[qdot_x_slot(q)] = src[q];
@@ -256,7 +266,7 @@ template <int H, int FF, int TOPK, class F, int CR>
 __global__ void __launch_bounds__(256) moe_quant_up_kernel(const float* __restrict__ x, const void* const* __restrict__ experts,
                                                            MoeQuantPairs src, float* __restrict__ act) {
     constexpr bool kStage = CR == 1;
-    constexpr int RPW = kStage ? kMoeQuantRowsPerWarp<H, F, 2> : 1, M = 2 * RPW;
+    constexpr int RPW = kStage ? kMoeQuantUpRowsPerBlock<H, F> / 8 : 1, M = 2 * RPW;
     __shared__ __align__(16) float staged[kStage ? kMoeQuantStagedFloats<H> : 4];
     int e, count, pair[CR];
     if (!moe_quant_block_pairs<CR>(src, e, count, pair)) return;  // the same for the whole block
@@ -295,7 +305,7 @@ template <int H, int FF, class F, int CR>
 __global__ void __launch_bounds__(256) moe_quant_down_kernel(const float* __restrict__ act, const void* const* __restrict__ experts,
                                                              MoeQuantPairs src, float* __restrict__ y) {
     constexpr bool kStage = CR == 1;
-    constexpr int RPW = kStage ? kMoeQuantRowsPerWarp<FF, F, 1> : 1;
+    constexpr int RPW = kStage ? kMoeQuantDownRowsPerBlock<FF, F> / 8 : 1;
     __shared__ __align__(16) float staged[kStage ? kMoeQuantStagedFloats<FF> : 4];
     int e, count, pair[CR];
     if (!moe_quant_block_pairs<CR>(src, e, count, pair)) return;  // the same for the whole block
@@ -341,7 +351,8 @@ void moe_quant_experts(const Ctx& c, int rows, const float* x, const void* const
     // Per pair unless the grouped form is forced (SCR_CUDA_MOE_GEMM=1, moe_gemm_override() = 1): on
     // the H100 the grouped GEMVs were slower than the per-pair ones at every batch measured (1-2,048
     // rows at Qwen3-30B-A3B's shape, int8 and MLX int4 g64: docs/CUDA.md "Session 39"); they stay
-    // for the A/B and the bit-for-bit check. The two forms give the same bits.
+    // for the A/B and the bit-for-bit check (per-pair blocks in expert order, tried in session 40,
+    // were no faster). The two forms give the same bits.
     if (moe_gemm_mode() == MoeGemmMode::kGrouped) {
         constexpr int CR = qdetail::kMoeQuantChunk;
         const MoeGroupScratch gs = moe_group_scratch(y + size_t(pairs) * H, pairs);
@@ -352,7 +363,7 @@ void moe_quant_experts(const Ctx& c, int rows, const float* x, const void* const
         qdetail::moe_quant_down_kernel<H, FF, F, CR><<<dim3(max_chunks, ceil_div(H, 8)), 256, 0, c.stream>>>(act, experts, src, y);
     } else {
         const qdetail::MoeQuantPairs src{top_id, nullptr, nullptr, nullptr};
-        constexpr int kUpRows = 8 * qdetail::kMoeQuantRowsPerWarp<H, F, 2>, kDownRows = 8 * qdetail::kMoeQuantRowsPerWarp<FF, F, 1>;
+        constexpr int kUpRows = qdetail::kMoeQuantUpRowsPerBlock<H, F>, kDownRows = qdetail::kMoeQuantDownRowsPerBlock<FF, F>;
         qdetail::moe_quant_up_kernel<H, FF, TOPK, F, 1><<<dim3(pairs, ceil_div(FF, kUpRows)), 256, 0, c.stream>>>(x, experts, src, act);
         qdetail::moe_quant_down_kernel<H, FF, F, 1><<<dim3(pairs, ceil_div(H, kDownRows)), 256, 0, c.stream>>>(act, experts, src, y);
     }
