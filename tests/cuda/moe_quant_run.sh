@@ -1,12 +1,13 @@
 #!/bin/bash
 # The quantized MoE experts (kernels/cuda/moe_quant.cuh) on the GPU machine, one call of the run tool
 # per part, most important first:
-#   OUT=$OUT [PARTS="checks 30b"] [VARIANTS="g64 bf16"] [BASE=CARRY_DIR2 [ROUNDS=2]] bash tests/cuda/moe_quant_run.sh CARRY_DIR
+#   OUT=$OUT [PARTS="checks 30b"] [VARIANTS="mlx-int4-g64 bf16"] [BASE=CARRY_DIR2 [ROUNDS=2]] bash tests/cuda/moe_quant_run.sh CARRY_DIR
 # CARRY_DIR (git-ignored; docs/CUDA.md "Session 38" / "Session 40" make it):
 #   bin.tar.xz      tests/cuda/pack_carry.sh of a CUDA build with -DSCR_MODELS=tiny-qwen3-moe
 #                   -DSCR_QUANT="bf16;int8;fp8;fp8-tensor;mlx-int4-g32" -DSCR_TESTS=ON;
 #   expected.json   (optional) tests/cuda/quant_e2e.py expect on the CPU build: end to end checked;
-#   m30/bin.tar.xz  (for part 30b) pack_carry.sh of -DSCR_MODELS=qwen3-30b-a3b -DSCR_QUANT="bf16;mlx-int4-g64".
+#   m30/bin.tar.xz  (for part 30b) pack_carry.sh of -DSCR_MODELS=qwen3-30b-a3b -DSCR_QUANT="bf16;mlx-int4-g64"
+#                   (and any other preset VARIANTS names, e.g. int8).
 # Parts:
 #   checks  scr_cuda_moe (every format against float64, grouped vs per pair and each row alone bit for
 #           bit, then the experts' times per call at Qwen3-30B-A3B's shape); with BASE (another
@@ -14,7 +15,8 @@
 #           by side; quant_e2e_run.sh if expected.json travelled; compute-sanitizer memcheck of a tiny
 #           MoE MLX int4 g32 and int8 completion per pair and grouped;
 #   30b     a Qwen3-30B-A3B-shaped model (random bf16, /dev/shm), its MLX int4 g64 quantization
-#           (`scr quantize`), `scr cuda-bench` of each of VARIANTS (g64, g64-grouped, bf16).
+#           and the other presets of VARIANTS (`scr quantize`), `scr cuda-bench` of each of VARIANTS:
+#           bf16 or a preset name, +grouped forcing the grouped experts (SCR_CUDA_MOE_GEMM=1).
 set -u
 CARRY=${1:-.moeq-carry}
 OUT=${OUT:-/tmp/scr-moeq-out}
@@ -60,12 +62,15 @@ if [[ " ${PARTS:-checks 30b} " == *" 30b "* ]]; then
     device_unpack "$CARRY/m30" /tmp/scr-moeq-m30
     make_model 30b  # M=/dev/shm/m30b... as device_lib.sh names it
     [ -f $M/config.json ] || { echo "no 30B model"; printf '%s\n' "${summary[@]}"; exit 1; }
-    step quantize_30b 300 $C/scr quantize $M $M-g64 --preset mlx-int4-g64
-    du -sh $M $M-g64
-    for v in ${VARIANTS:-g64 bf16}; do
-        m=$M-g64 e=
-        [ $v = bf16 ] && m=$M
-        [ $v = g64-grouped ] && e=SCR_CUDA_MOE_GEMM=1
+    for v in ${VARIANTS:-mlx-int4-g64 bf16}; do
+        p=${v%+grouped}
+        [ $p = bf16 ] || [ -f $M-$p/config.json ] || step quantize_30b_$p 300 $C/scr quantize $M $M-$p --preset $p
+    done
+    du -sh $M*
+    for v in ${VARIANTS:-mlx-int4-g64 bf16}; do
+        p=${v%+grouped} m=$M e=
+        [ $p = bf16 ] || m=$M-$p
+        [ $v = $p ] || e=SCR_CUDA_MOE_GEMM=1
         step bench_30b_$v 170 env $e $C/scr cuda-bench $m --prompt 64 --decode 64 --prefill 2048 --batches 16,64 --batch-steps 16
         echo "== 30b $v:"; grep -h '^batch-1 decode\|^decode batch\|^prefill\|floor' "$LOGS/bench_30b_$v.txt" | cut -c1-200
     done
