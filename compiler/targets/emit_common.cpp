@@ -54,9 +54,18 @@ Sizes sizes_of(const bind::Bound& b) {
     s.active_weight_bytes = s.weight_bytes;
     // An embedding table that only the embed op reads (untied, as Llama-3.1-8B's) costs one row per
     // token, not the whole table (a tied one is read whole by the LM head, counted there).
-    const auto bytes_of = [&](int id) {
+    const auto own_bytes = [&](int id) {
         int64_t n = dtype_bytes(g.tensors[id].dtype);
         for (auto d : g.tensors[id].shape) n *= d;
+        return n;
+    };
+    // A quantized weight is stored as codes plus companion tensors (scales, MLX biases) that are not
+    // in any op's weight list (compiler/quant/apply.cpp): a weight that is not read costs all three.
+    const auto bytes_of = [&](int id) {
+        const auto& t = g.tensors[id];
+        int64_t n = own_bytes(id);
+        if (t.scales >= 0) n += own_bytes(t.scales);
+        if (t.biases >= 0) n += own_bytes(t.biases);
         return n;
     };
     for (auto& op : g.ops) {
@@ -73,12 +82,7 @@ Sizes sizes_of(const bind::Bound& b) {
         if (op.kind != ir::OpKind::moe) continue;
         int64_t experts = int64_t(op.attr.at("experts")), top_k = int64_t(op.attr.at("top_k"));
         int64_t expert_bytes = 0;
-        for (size_t i = 1; i < op.weights.size(); ++i) {
-            auto& t = g.tensors[op.weights[i]];
-            int64_t n = dtype_bytes(t.dtype);
-            for (auto d : t.shape) n *= d;
-            expert_bytes += n;
-        }
+        for (size_t i = 1; i < op.weights.size(); ++i) expert_bytes += bytes_of(op.weights[i]);
         s.active_weight_bytes -= expert_bytes * (experts - top_k) / experts;
     }
     const int64_t kvb = dtype_bytes(b.preset.kv_cache);

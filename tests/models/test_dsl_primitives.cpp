@@ -177,6 +177,20 @@ TEST(Sizes, ReadPerTokenCountsOneRowOfAnUntiedEmbedding) {
     EXPECT_EQ(s1.active_weight_bytes, s1.weight_bytes);
 }
 
+// A MoE token reads top_k of its experts. Quantized, an expert is stored as codes plus scales and
+// (MLX) biases, and all three of an inactive expert are not read: Qwen3-30B-A3B at MLX int4 g64 reads
+// 9/16 byte per weight (4 bits + a bf16 scale and bias per 64), computed here from the published config.
+TEST(Sizes, ReadPerTokenSkipsInactiveExpertsWithTheirScales) {
+    const int64_t layers = 48, experts = 128, top_k = 8, hidden = 2048, ffn = 768, vocab = 151936;
+    const int64_t expert_weights = 3 * hidden * ffn;  // gate, up, down
+    const int64_t unread_experts = layers * (experts - top_k);
+    auto bf = emit::sizes_of(bind_real("qwen3_moe.scr", "qwen3_moe/qwen3-30b-a3b.json", "bf16"));
+    EXPECT_EQ(bf.weight_bytes - bf.active_weight_bytes, unread_experts * expert_weights * 2 + (vocab - 1) * hidden * 2);
+    auto q4 = emit::sizes_of(bind_real("qwen3_moe.scr", "qwen3_moe/qwen3-30b-a3b.json", "mlx-int4-g64"));
+    EXPECT_EQ(q4.weight_bytes - q4.active_weight_bytes,
+              unread_experts * expert_weights * 9 / 16 + (vocab - 1) * hidden * 9 / 16);
+}
+
 TEST(Window, RealConfigsFreeBlocksOnlyWhenEveryLayerIsWindowed) {
     EXPECT_EQ(emit::freeable_window(bind_real("gpt_oss.scr", "gpt_oss/gpt-oss-120b.json").graph), 0);
     EXPECT_EQ(emit::freeable_window(bind_real("gemma2.scr", "gemma2/gemma-2-2b-it.json").graph), 0);
