@@ -75,13 +75,18 @@ public:
         o += rope_tables();
         o += kv_tables();
         // The MoE workspace as an expression the kernels' header evaluates (kernels/cuda/moe.cuh:
-        // moe_workspace_floats per MoE op, at the most rows of a step), so the layout has one definition.
+        // moe_workspace_floats, or moe_quant.cuh's moe_quant_workspace_floats, per MoE op, at the
+        // most rows of a step), so the layout has one definition.
         std::set<std::string> moe_terms;
         auto attr = [](const ir::Op& op, const char* k) { return int64_t(op.attr.at(k)); };
+        // Quantized experts add the wide steps' expanded experts (kernels/cuda/moe_quant.cuh).
         for (auto& op : g_.ops)
-            if (op.kind == ir::OpKind::moe)
-                moe_terms.insert(fmt::format("k::moe_workspace_floats<{}, {}, {}, {}>({})", attr(op, "hidden"), attr(op, "ffn"),
-                                             attr(op, "experts"), attr(op, "top_k"), b_.params.max_batch_tokens));
+            if (op.kind == ir::OpKind::moe) {
+                const bool quant_experts = op.weights.size() > 1 && g_.tensors[op.weights[1]].quantized();
+                moe_terms.insert(fmt::format("k::{}<{}, {}, {}, {}>({})", quant_experts ? "moe_quant_workspace_floats" : "moe_workspace_floats",
+                                             attr(op, "hidden"), attr(op, "ffn"), attr(op, "experts"), attr(op, "top_k"),
+                                             b_.params.max_batch_tokens));
+            }
         for (auto& op : g_.ops)  // gate and up rows of a quantized SwiGLU (kernels/cuda/quant_ops.cuh)
             if (op.kind == ir::OpKind::linear_swiglu && quantized_op(op))
                 moe_terms.insert(std::to_string(2 * b_.params.max_batch_tokens * int64_t(op.attr.at("n"))));

@@ -262,19 +262,25 @@ __global__ void __launch_bounds__(mma_warps(K) * kWarp)
 // (128 rows), and no partial sums cross warps. Its summation order (k in order within a warp) is not
 // the k-split kernel's, so wide steps are a regime of their own; within it a pair still gets the same
 // bits whichever chunk or column it lands in.
+//
+// WP = 2 (quantized experts expanded for a wide step, moe_quant.cuh): each matrix is stored as bf16
+// hi then lo (w = hi + lo to ~2^-18 |w|, the lo matrix right after the hi one); both are loaded and
+// multiplied by x's hi and lo, except lo x lo (~2^-18 |w x|, as large as the split's own error).
 template <int N>
 __host__ __device__ constexpr int moe_row_warps() {
     return (N / 16) % 8 == 0 ? 8 : (N / 16) % 4 == 0 ? 4 : (N / 16) % 2 == 0 ? 2 : 1;
 }
 constexpr int kMoeRowsStep = 64;  // k staged per step (two 32-k sub-tiles)
 
-template <int K, int N, int TN, bool SWIGLU, int XDIV, int MAT>
+template <int K, int N, int TN, bool SWIGLU, int XDIV, int MAT, int WP = 1>
 __global__ void __launch_bounds__(moe_row_warps<N>() * kWarp)
     moe_gemm_rows_kernel(const float* __restrict__ x, const void* const* __restrict__ experts, const int32_t* __restrict__ order,
                          const MoeChunk* __restrict__ chunks, const int32_t* __restrict__ n_chunks, float* __restrict__ out) {
     constexpr int NWp = moe_row_warps<N>();
     constexpr int kThreads = NWp * kWarp;
     constexpr int NA = SWIGLU ? 2 : 1;
+    constexpr int NL = NA * WP;  // weight loads per k step: each matrix (WP 2: its hi and lo parts)
+    static_assert(WP == 1 || WP == 2, "moe_gemm_rows_kernel: bf16 weights (1) or bf16 hi + lo (2)");
     constexpr int kTiles = N / (16 * NWp);
     constexpr int P = TN * 8;  // pairs per chunk
     constexpr int KS = kMoeRowsStep;
@@ -292,9 +298,12 @@ __global__ void __launch_bounds__(moe_row_warps<N>() * kWarp)
     for (int item = blockIdx.x; item < items; item += gridDim.x) {
         const MoeChunk ch = chunks[item / kTiles];
         const int row0 = (item % kTiles) * (16 * NWp) + warp * 16;
-        const bf16_t* w[NA];
-        w[0] = static_cast<const bf16_t*>(experts[3 * ch.expert + MAT]) + size_t(row0 + g) * K + 8 * t;
-        if constexpr (SWIGLU) w[1] = static_cast<const bf16_t*>(experts[3 * ch.expert + MAT + 1]) + size_t(row0 + g) * K + 8 * t;
+        const bf16_t* w[NL];
+#pragma unroll
+        for (int a = 0; a < NA; ++a)
+#pragma unroll
+            for (int p = 0; p < WP; ++p)
+                w[a * WP + p] = static_cast<const bf16_t*>(experts[3 * ch.expert + MAT + a]) + size_t(p) * N * K + size_t(row0 + g) * K + 8 * t;
         // The x pieces this thread stages: piece i -> pair i / (KS / 4), k 4 (i % (KS / 4)) of the step.
         const float* src[kSlots];
 #pragma unroll
@@ -310,7 +319,7 @@ __global__ void __launch_bounds__(moe_row_warps<N>() * kWarp)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[a][n][e] = 0.0f;
         float4 xv[kSlots];
-        uint4 wc[NA][2][2], wn[NA][2][2];  // [matrix][sub-tile][rows g, g + 8]
+        uint4 wc[NL][2][2], wn[NL][2][2];  // [matrix (part)][sub-tile][rows g, g + 8]
         auto load_x = [&](int step) {
 #pragma unroll
             for (int sl = 0; sl < kSlots; ++sl)
@@ -329,9 +338,9 @@ __global__ void __launch_bounds__(moe_row_warps<N>() * kWarp)
                 *reinterpret_cast<uint2*>(&xs[buf][1][k / 32][pair][k % 32]) = make_uint2(l0, l1);
             }
         };
-        auto load_w = [&](uint4 (&r)[NA][2][2], int step) {
+        auto load_w = [&](uint4 (&r)[NL][2][2], int step) {
 #pragma unroll
-            for (int a = 0; a < NA; ++a)
+            for (int a = 0; a < NL; ++a)
 #pragma unroll
                 for (int sub = 0; sub < 2; ++sub) {
                     const bf16_t* p = w[a] + step * KS + sub * 32;
@@ -357,19 +366,22 @@ __global__ void __launch_bounds__(moe_row_warps<N>() * kWarp)
                     const uint4 bh = *reinterpret_cast<const uint4*>(&xs[buf][0][sub][n * 8 + g][8 * t]);
                     const uint4 bl = *reinterpret_cast<const uint4*>(&xs[buf][1][sub][n * 8 + g][8 * t]);
 #pragma unroll
-                    for (int a = 0; a < NA; ++a) {
-                        const uint4& r0 = wc[a][sub][0];
-                        const uint4& r8 = wc[a][sub][1];
-                        mma_bf16_16816(acc[a][n], r0.x, r8.x, r0.y, r8.y, bh.x, bh.y);
-                        mma_bf16_16816(acc[a][n], r0.z, r8.z, r0.w, r8.w, bh.z, bh.w);
-                        mma_bf16_16816(acc[a][n], r0.x, r8.x, r0.y, r8.y, bl.x, bl.y);
-                        mma_bf16_16816(acc[a][n], r0.z, r8.z, r0.w, r8.w, bl.z, bl.w);
-                    }
+                    for (int a = 0; a < NA; ++a)
+#pragma unroll
+                        for (int p = 0; p < WP; ++p) {
+                            const uint4& r0 = wc[a * WP + p][sub][0];
+                            const uint4& r8 = wc[a * WP + p][sub][1];
+                            mma_bf16_16816(acc[a][n], r0.x, r8.x, r0.y, r8.y, bh.x, bh.y);
+                            mma_bf16_16816(acc[a][n], r0.z, r8.z, r0.w, r8.w, bh.z, bh.w);
+                            if (p == 1) continue;  // lo x lo left out (see above)
+                            mma_bf16_16816(acc[a][n], r0.x, r8.x, r0.y, r8.y, bl.x, bl.y);
+                            mma_bf16_16816(acc[a][n], r0.z, r8.z, r0.w, r8.w, bl.z, bl.w);
+                        }
                 }
             if (step + 1 < kSteps) {
                 store_x(buf ^ 1);  // the other buffer: every warp finished reading it before the last barrier
 #pragma unroll
-                for (int a = 0; a < NA; ++a)
+                for (int a = 0; a < NL; ++a)
 #pragma unroll
                     for (int sub = 0; sub < 2; ++sub) {
                         wc[a][sub][0] = wn[a][sub][0];
@@ -416,10 +428,10 @@ void launch_moe_gemm(const Ctx& c, int max_chunks, const float* x, const void* c
     kernel<<<grid, threads, 0, c.stream>>>(x, experts, order, chunks, n_chunks, out);
 }
 
-template <int K, int N, int TN, bool SWIGLU, int XDIV, int MAT>
+template <int K, int N, int TN, bool SWIGLU, int XDIV, int MAT, int WP = 1>
 void launch_moe_gemm_rows(const Ctx& c, int max_chunks, const float* x, const void* const* experts, const int32_t* order,
                           const MoeChunk* chunks, const int32_t* n_chunks, float* out) {
-    constexpr auto kernel = moe_gemm_rows_kernel<K, N, TN, SWIGLU, XDIV, MAT>;
+    constexpr auto kernel = moe_gemm_rows_kernel<K, N, TN, SWIGLU, XDIV, MAT, WP>;
     constexpr int threads = moe_row_warps<N>() * kWarp;
     constexpr int tiles = N / (16 * moe_row_warps<N>());
     static const int resident = resident_blocks(kernel, threads);
@@ -480,6 +492,10 @@ inline MoeGroupScratch moe_group_scratch(float* group, int pairs) {
     return {order, n_chunks, chunks};
 }
 
+// Steps whose experts average this many pairs or more are wide (32-pair chunks; moe_gemm_rows_kernel
+// where the shape allows): every weight tile then feeds enough pairs to pay for staging x.
+constexpr int kMoeWidePairsPerExpert = 16;
+
 template <int H, int F, int E, int TOPK>
 void moe_experts_grouped(const Ctx& c, int rows, const float* x, const void* const* experts, const int32_t* top_id, float* act,
                          float* y, float* group) {
@@ -487,7 +503,7 @@ void moe_experts_grouped(const Ctx& c, int rows, const float* x, const void* con
     const auto [order, n_chunks, chunks] = moe_group_scratch(group, pairs);
     // Wide chunks (4 column groups: each weight tile feeds 32 pairs) once experts average 16+
     // pairs; narrow ones for decode-sized steps, where most experts see a pair or two.
-    const bool wide = pairs >= 16 * E;
+    const bool wide = pairs >= kMoeWidePairsPerExpert * E;
     const int cr = detail::moe_chunk_pairs(wide ? 4 : 1);
     const int max_chunks = std::min(pairs, pairs / cr + E);
     if (wide)

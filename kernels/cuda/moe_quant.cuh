@@ -337,10 +337,113 @@ __global__ void __launch_bounds__(256) moe_quant_down_kernel(const float* __rest
     }
 }
 
+// ---- Wide steps: the experts expanded to bf16 hi + lo, then the bf16 grouped GEMM ----
+// A long prompt picks every expert many times: the GEMVs above then re-read each expert's codes
+// once per pair (Qwen3-30B-A3B MLX int4 g64 at 2,048 rows: 0.17x the bf16 build's prefill). From
+// kMoeWidePairsPerExpert pairs per expert, as the bf16 build goes wide, the step instead writes each
+// picked expert's matrices out as bf16 hi + lo (w = dequant(q) in float32 as the GEMVs'; |w - hi -
+// lo| <= 2^-18 |w|) and runs moe_gemm_rows_kernel over them (WP = 2): the dense quantized linears'
+// prefill (quant_prefill.cuh) applied to the experts. Its own regime (another summation order):
+// a pair's bits do not depend on the other pairs within it.
+template <int H, int FF>
+constexpr bool kMoeQuantExpandable = H % detail::kMoeRowsStep == 0 && FF % detail::kMoeRowsStep == 0;
+
+// The expansion's scratch after the grouping's: the bf16 pointer table (3 E), the experts' picked
+// flags (E), then the expanded matrices, 256-byte aligned: 3 E x (hi + lo) x H x FF bf16.
+template <int H, int FF, int E>
+constexpr int64_t kMoeQuantExpandFloats = 2 * 3 * E + E + 64 + int64_t(3) * E * H * FF;
+struct MoeQuantExpandScratch {
+    const void** table;
+    int32_t* picked;
+    bf16_t* weights;
+};
+template <int E>
+inline MoeQuantExpandScratch moe_qexpand_scratch(float* at) {
+    auto align = [](uintptr_t p, uintptr_t a) { return (p + a - 1) / a * a; };
+    auto** table = reinterpret_cast<const void**>(align(reinterpret_cast<uintptr_t>(at), 16));
+    auto* picked = reinterpret_cast<int32_t*>(table + 3 * E);
+    auto* weights = reinterpret_cast<bf16_t*>(align(reinterpret_cast<uintptr_t>(picked + E), 256));
+    return {table, picked, weights};
+}
+
+// One block: which experts the step picked, and the expanded experts' table (matrix 3 e + j: its
+// hi, then its lo H x FF later).
+template <int H, int FF, int E>
+__global__ void __launch_bounds__(1024) moe_qexpand_pick_kernel(int pairs, const int32_t* __restrict__ top_id, MoeQuantExpandScratch s) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) s.picked[e] = 0;
+    for (int i = threadIdx.x; i < 3 * E; i += blockDim.x) s.table[i] = s.weights + size_t(i) * 2 * H * FF;
+    __syncthreads();
+    for (int i = threadIdx.x; i < pairs; i += blockDim.x) s.picked[top_id[i]] = 1;
+}
+
+// Matrix blockIdx.y = 3 e + j of the picked experts as bf16 hi + lo, 8 consecutive weights of a row
+// per thread and unit (16-byte stores).
+constexpr int kMoeQuantExpandUnits = 4;  // units per thread
+template <int H, int FF, class F>
+__global__ void __launch_bounds__(256) moe_qexpand_kernel(const void* const* __restrict__ experts, MoeQuantExpandScratch s) {
+    const int m = blockIdx.y, e = m / 3, j = m % 3;
+    if (!s.picked[e]) return;
+    const int k = j == 2 ? FF : H;  // the down projection reads the activation (FF)
+    const QuantW w = qexpert<F>(experts, e, j);
+    bf16_t* hi = s.weights + size_t(m) * 2 * H * FF;
+    bf16_t* lo = hi + size_t(H) * FF;
+    constexpr int kUnits = H * FF / 8;
+#pragma unroll
+    for (int i = 0; i < kMoeQuantExpandUnits; ++i) {
+        const int u = (blockIdx.x * kMoeQuantExpandUnits + i) * 256 + threadIdx.x;
+        if (u >= kUnits) break;
+        const int row = u / (k / 8), k0 = u % (k / 8) * 8;
+        float v[8];
+        if constexpr (F::kAffine) {
+            const uint32_t word = static_cast<const uint32_t*>(w.q)[u];
+            const size_t g = size_t(row) * (k / F::kGroup) + k0 / F::kGroup;  // 8 weights never straddle a group
+            const float sc = to_f32(static_cast<const typename F::Scale*>(w.scales)[g]);
+            const float b = to_f32(static_cast<const typename F::Scale*>(w.biases)[g]);
+#pragma unroll
+            for (int q = 0; q < 8; ++q) v[q] = fmaf(float((word >> (4 * q)) & 15u), sc, b);  // as qexpand_hi_lo_kernel
+        } else {
+            const uint2 bytes = static_cast<const uint2*>(w.q)[u];
+            const float sc = qrow_scale<F>(w.scales, row);
+            float q4[2][4];
+            F::unpack(bytes.x, q4[0]);
+            F::unpack(bytes.y, q4[1]);
+#pragma unroll
+            for (int q = 0; q < 8; ++q) v[q] = q4[q / 4][q % 4] * sc;
+        }
+        __align__(16) __nv_bfloat16 h[8], l[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+            h[q] = __float2bfloat16_rn(v[q]);
+            l[q] = __float2bfloat16_rn(v[q] - __bfloat162float(h[q]));
+        }
+        reinterpret_cast<uint4*>(hi)[u] = *reinterpret_cast<const uint4*>(h);
+        reinterpret_cast<uint4*>(lo)[u] = *reinterpret_cast<const uint4*>(l);
+    }
+}
+
 }  // namespace qdetail
 
 // The experts of every (row, pick) pair and their weighted sum per row (+ residual), given the
 // routing; ws as moe_experts (moe_experts_floats: activations, expert outputs).
+// Whether a step of `pairs` pairs expands the experts (wide, by the row rule, the shape allowing).
+template <int H, int FF, int E>
+inline bool moe_quant_expands(int pairs) {
+    return qdetail::kMoeQuantExpandable<H, FF> && pairs >= kMoeWidePairsPerExpert * E && moe_gemm_mode() == MoeGemmMode::kByRows;
+}
+// The quantized experts' workspace (floats): moe_experts_floats, plus the expansion's when a step of
+// `rows` rows may expand.
+template <int H, int FF, int E, int TOPK>
+constexpr int64_t moe_quant_experts_floats(int64_t rows) {
+    const bool may_expand = qdetail::kMoeQuantExpandable<H, FF> && rows * TOPK >= kMoeWidePairsPerExpert * E;
+    return moe_experts_floats<H, FF, E, TOPK>(rows) + (may_expand ? qdetail::kMoeQuantExpandFloats<H, FF, E> : 0);
+}
+// moe_workspace_floats for quantized experts (the CUDA emitter sizes the model's MoE workspace by it).
+template <int H, int FF, int E, int TOPK>
+constexpr int64_t moe_quant_workspace_floats(int64_t rows) {
+    return moe_workspace_floats<H, FF, E, TOPK>(rows) - moe_experts_floats<H, FF, E, TOPK>(rows) +
+           moe_quant_experts_floats<H, FF, E, TOPK>(rows);
+}
+
 template <int H, int FF, int E, int TOPK, class F>
 void moe_quant_experts(const Ctx& c, int rows, const float* x, const void* const* experts, const int32_t* top_id, const float* top_w,
                        const float* residual, float* out, float* ws) {
@@ -348,6 +451,23 @@ void moe_quant_experts(const Ctx& c, int rows, const float* x, const void* const
     float* act = ws + (4 - (reinterpret_cast<uintptr_t>(ws) / 4) % 4) % 4;
     float* y = act + size_t(rows) * TOPK * FF;
     const int pairs = rows * TOPK;
+    if constexpr (qdetail::kMoeQuantExpandable<H, FF>) {
+        if (moe_quant_expands<H, FF, E>(pairs)) {
+            float* group = y + size_t(pairs) * H;
+            const qdetail::MoeQuantExpandScratch xs = qdetail::moe_qexpand_scratch<E>(group + moe_group_floats<E>(pairs));
+            qdetail::moe_qexpand_pick_kernel<H, FF, E><<<1, 1024, 0, c.stream>>>(pairs, top_id, xs);
+            constexpr int kBlocks = ceil_div(H * FF / 8, 256 * qdetail::kMoeQuantExpandUnits);
+            qdetail::moe_qexpand_kernel<H, FF, F><<<dim3(kBlocks, 3 * E), 256, 0, c.stream>>>(experts, xs);
+            const auto [order, n_chunks, chunks] = moe_group_scratch(group, pairs);
+            constexpr int CR = detail::moe_chunk_pairs(4);
+            detail::moe_group_kernel<E, CR><<<1, 1024, 0, c.stream>>>(pairs, top_id, order, chunks, n_chunks);
+            const int max_chunks = std::min(pairs, pairs / CR + E);
+            detail::launch_moe_gemm_rows<H, FF, 4, true, TOPK, 0, 2>(c, max_chunks, x, xs.table, order, chunks, n_chunks, act);
+            detail::launch_moe_gemm_rows<FF, H, 4, false, 1, 2, 2>(c, max_chunks, act, xs.table, order, chunks, n_chunks, y);
+            detail::moe_combine_kernel<H, TOPK><<<dim3(ceil_div(H, 128), rows), 128, 0, c.stream>>>(rows, top_id, top_w, y, residual, out);
+            return;
+        }
+    }
     // Per pair unless the grouped form is forced (SCR_CUDA_MOE_GEMM=1, moe_gemm_override() = 1): on
     // the H100 the grouped GEMVs were slower than the per-pair ones at every batch measured (1-2,048
     // rows at Qwen3-30B-A3B's shape, int8 and MLX int4 g64: docs/CUDA.md "Session 39"); they stay

@@ -15,7 +15,8 @@
 #           by side; quant_e2e_run.sh if expected.json travelled; compute-sanitizer memcheck of a tiny
 #           MoE MLX int4 g32 and int8 completion per pair and grouped;
 #   30b     a Qwen3-30B-A3B-shaped model (random bf16, /dev/shm), its MLX int4 g64 quantization
-#           and the other presets of VARIANTS (`scr quantize`), `scr cuda-bench` of each of VARIANTS:
+#           and the other presets of VARIANTS (`scr quantize`), each quantized model's greedy ids after
+#           a 300-token prompt per pair and by default (wide prefill expanded), `scr cuda-bench` of each of VARIANTS:
 #           bf16 or a preset name, +grouped forcing the grouped experts (SCR_CUDA_MOE_GEMM=1).
 set -u
 CARRY=${1:-.moeq-carry}
@@ -67,6 +68,16 @@ if [[ " ${PARTS:-checks 30b} " == *" 30b "* ]]; then
         [ $p = bf16 ] || [ -f $M-$p/config.json ] || step quantize_30b_$p 300 $C/scr quantize $M $M-$p --preset $p
     done
     du -sh $M*
+    # A 300-token prompt's prefill is a wide step (2,400 pairs >= 16 per expert): greedy ids with every
+    # step per pair (SCR_CUDA_MOE_GEMM=0) beside the default (the prefill's experts expanded to bf16).
+    IDS300=$(seq -s, 1000 1299)
+    for v in ${VARIANTS:-mlx-int4-g64 bf16}; do
+        p=${v%+grouped}
+        [ $p = bf16 ] || [ $v != $p ] && continue
+        step complete_30b_${p}_pairs 120 env SCR_CUDA_MOE_GEMM=0 $C/scr complete $M-$p --quant $p --ids $IDS300 --max-tokens 8
+        step complete_30b_${p}_default 120 $C/scr complete $M-$p --quant $p --ids $IDS300 --max-tokens 8
+        echo "30b $p greedy ids after 300 tokens: per pair $(tail -n 1 "$LOGS/complete_30b_${p}_pairs.txt"); default $(tail -n 1 "$LOGS/complete_30b_${p}_default.txt")"
+    done
     for v in ${VARIANTS:-mlx-int4-g64 bf16}; do
         p=${v%+grouped} m=$M e=
         [ $p = bf16 ] || m=$M-$p

@@ -14,7 +14,8 @@
 // Shapes: a small one, the tiny Qwen3-MoE fixture's (H 96, F 64, 4 experts, top 2) and
 // Qwen3-30B-A3B's (H 2048, F 768, 128 experts, top 8). Then the quantized experts (moe_quant.cuh:
 // MLX int4 g32 / g64 / g128, int8, fp8 per channel and per tensor) against float64 and alone vs
-// in a batch. Then (unless --no-bench) the time per call at Qwen3-30B-A3B's shape: the quantized
+// in a batch, and their wide steps (the experts expanded to bf16 hi + lo) against float64 and with
+// the rows reversed. Then (unless --no-bench) the time per call at Qwen3-30B-A3B's shape: the quantized
 // experts (per pair and grouped) beside the bf16 ones, and both bf16 implementations, for 1 to 2,048 rows.
 // Exit: 0 all checks passed, 1 a check failed, 77 no GPU (ctest skips).
 #include <cuda_runtime_api.h>
@@ -123,11 +124,12 @@ template <int H, int F, int E, int K>
 struct Launch {
     float *x = nullptr, *res = nullptr, *out = nullptr, *ws = nullptr, *tw = nullptr;
     int32_t* ids = nullptr;
-    explicit Launch(int rows) {
+    // ws_floats: the experts' workspace (the bf16 experts' by default)
+    explicit Launch(int rows, int64_t ws_floats = 0) {
         CK(cudaMalloc(&x, size_t(rows) * H * 4));
         CK(cudaMalloc(&res, size_t(rows) * H * 4));
         CK(cudaMalloc(&out, size_t(rows) * H * 4));
-        CK(cudaMalloc(&ws, size_t(moe_experts_floats<H, F, E, K>(rows)) * 4));
+        CK(cudaMalloc(&ws, size_t(ws_floats > 0 ? ws_floats : moe_experts_floats<H, F, E, K>(rows)) * 4));
         CK(cudaMalloc(&tw, size_t(rows) * K * 4));
         CK(cudaMalloc(&ids, size_t(rows) * K * 4));
     }
@@ -408,7 +410,7 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
             const int stride = rows <= 16 ? 1 : rows / 8;
             for (int i = 0; i < rows; i += stride) check.push_back(i);
             if (check.back() != rows - 1) check.push_back(rows - 1);
-            Launch<H, F, E, K> L(rows), one(1);
+            Launch<H, F, E, K> L(rows, moe_quant_experts_floats<H, F, E, K>(rows)), one(1, moe_quant_experts_floats<H, F, E, K>(1));
             auto launch = [&](Launch<H, F, E, K>& l, int n) {
                 CK(cudaMemset(l.out, 0xff, size_t(n) * H * 4));  // NaN
                 moe_quant_experts<H, F, E, K, Q>(c, n, l.x, s.table, l.ids, l.tw, l.res, l.out, l.ws);
@@ -449,12 +451,54 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
                 const std::vector<float> alone = launch(one, 1);
                 differ += std::memcmp(alone.data(), &got[size_t(i) * H], H * 4) != 0;
             }
-            const bool ok = bad == 0 && differ == 0 && forms_differ == 0;
+            // Wide steps by default: the experts expanded to bf16 hi + lo and the grouped GEMM (a regime of
+            // its own): against the reference with the same bound, and the rows reversed (every pair in
+            // another chunk and column) give each row the same bits.
+            const bool expands = moe_quant_expands<H, F, E>(rows * K);
+            int bad_wide = 0, wide_differ = 0;
+            double worst_wide = 0.0;
+            if (expands) {
+                const std::vector<float> wide = launch(L, rows);
+                for (const int i : check) {
+                    reference_row<H, F, E, K>(s, &x[size_t(i) * H], &res[size_t(i) * H], &r.ids[size_t(i) * K], &r.weights[size_t(i) * K],
+                                              ref, bound);
+                    for (int h = 0; h < H; ++h) {
+                        const double err = std::fabs(double(wide[size_t(i) * H + h]) - ref[h]);
+                        if (!(err <= bound[h])) {
+                            if (bad_wide++ < 3)
+                                std::printf("  %s rows %d %s (expanded) row %d h %d: got %.9g want %.9g (bound %.3g)\n", s.name, rows,
+                                            skewed ? "skewed" : "uniform", i, h, wide[size_t(i) * H + h], ref[h], bound[h]);
+                        } else {
+                            worst_wide = std::max(worst_wide, err / bound[h]);
+                        }
+                    }
+                }
+                std::vector<float> xr(x.size()), rr(res.size());
+                Routing rev = r;
+                for (int i = 0; i < rows; ++i) {
+                    const int j = rows - 1 - i;
+                    std::memcpy(&xr[size_t(i) * H], &x[size_t(j) * H], H * 4);
+                    std::memcpy(&rr[size_t(i) * H], &res[size_t(j) * H], H * 4);
+                    for (int k = 0; k < K; ++k) {
+                        rev.ids[size_t(i) * K + k] = r.ids[size_t(j) * K + k];
+                        rev.weights[size_t(i) * K + k] = r.weights[size_t(j) * K + k];
+                    }
+                }
+                L.upload(xr, rr, rev);
+                const std::vector<float> reversed = launch(L, rows);
+                for (int i = 0; i < rows; ++i)
+                    wide_differ += std::memcmp(&reversed[size_t(rows - 1 - i) * H], &wide[size_t(i) * H], H * 4) != 0;
+            }
+            const bool ok = bad == 0 && differ == 0 && forms_differ == 0 && bad_wide == 0 && wide_differ == 0;
             failures += !ok;
             std::printf("%s %s, %d rows %s (%zu checked): quantized experts %s (worst err/bound %.2e), grouped vs per-pair %s, "
-                        "rows alone %s\n",
+                        "rows alone %s",
                         ok ? "ok  " : "FAIL", s.name, rows, skewed ? "skewed" : "uniform", check.size(), bad ? "FAIL" : "pass", worst,
                         forms_differ ? "DIFFER" : "same bits", differ ? "DIFFER" : "same bits");
+            if (expands)
+                std::printf("; expanded %s (worst err/bound %.2e), rows reversed %s", bad_wide ? "FAIL" : "pass", worst_wide,
+                            wide_differ ? "DIFFER" : "same bits");
+            std::printf("\n");
         }
     return failures;
 }
@@ -464,8 +508,8 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
 template <int H, int F, int E, int K, class Q>
 void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s, const char* fmt, cudaStream_t st) {
     std::printf("\n%s, %s experts, us per call (events, mean after one warm-up; uniform routing):\n", q.name, fmt);
-    std::printf("| rows | pairs | %s per-pair GEMVs | %s grouped GEMVs | bf16 per-pair GEMVs | bf16 grouped GEMMs |\n"
-                "|---:|---:|---:|---:|---:|---:|\n", fmt, fmt);
+    std::printf("| rows | pairs | %s per-pair GEMVs | %s grouped GEMVs | %s default | bf16 per-pair GEMVs | bf16 grouped GEMMs |\n"
+                "|---:|---:|---:|---:|---:|---:|---:|\n", fmt, fmt, fmt);
     std::mt19937 rng(77);
     std::uniform_real_distribution<float> xd(-1.0f, 1.0f);
     Ctx c;
@@ -474,18 +518,19 @@ void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
     for (const int rows : {1, 4, 16, 64, 256, 2048}) {
-        Launch<H, F, E, K> L(rows);
+        Launch<H, F, E, K> L(rows, moe_quant_experts_floats<H, F, E, K>(rows));
         std::vector<float> x(size_t(rows) * H);
         for (auto& v : x) v = xd(rng);
         const Routing r = make_routing<E, K>(rows, false, rng);
         L.upload(x, x, r);
-        double us[4];
-        for (int path = 0; path < 4; ++path) {  // quantized per pair, grouped; bf16 per pair, grouped
+        double us[5];
+        // quantized per pair, grouped, default (the row rule: wide steps expanded); bf16 per pair, grouped
+        for (int path = 0; path < 5; ++path) {
             auto one = [&] {
-                if (path < 2) moe_quant_experts<H, F, E, K, Q>(c, rows, L.x, q.table, L.ids, L.tw, L.res, L.out, L.ws);
+                if (path < 3) moe_quant_experts<H, F, E, K, Q>(c, rows, L.x, q.table, L.ids, L.tw, L.res, L.out, L.ws);
                 else L.run(c, s, rows);
             };
-            moe_gemm_override() = path % 2;
+            moe_gemm_override() = path == 2 ? -1 : path < 2 ? path : path - 3;
             const int iters = rows >= 2048 ? 2 : rows >= 256 ? 5 : 20;
             one();
             CK(cudaEventRecord(a, st));
@@ -497,7 +542,7 @@ void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s
             us[path] = 1000.0 * ms / iters;
         }
         moe_gemm_override() = -1;
-        std::printf("| %d | %d | %.1f | %.1f | %.1f | %.1f |\n", rows, rows * K, us[0], us[1], us[2], us[3]);
+        std::printf("| %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", rows, rows * K, us[0], us[1], us[2], us[3], us[4]);
     }
     cudaEventDestroy(a);
     cudaEventDestroy(b);
@@ -569,16 +614,20 @@ int main(int argc, char** argv) try {
         const QShape<96, 64, 4, 2, qdetail::Fp8E4M3<B, true>> f8t("H96 F64 E4 top2 fp8 per tensor", 34);
         failures += check_quant_shape(f8t, st, {1, 5});
         const QShape<256, 128, 16, 4, qdetail::MlxInt4<128, B>> g128("H256 F128 E16 top4 MLX int4 g128", 35);
-        failures += check_quant_shape(g128, st, {1, 8, 40});
+        failures += check_quant_shape(g128, st, {1, 8, 40, 80});  // 80 rows: wide (expanded)
+        const QShape<256, 128, 16, 4, qdetail::Int8Channel<B>> i8w("H256 F128 E16 top4 int8", 38);
+        failures += check_quant_shape(i8w, st, {80});
+        const QShape<256, 128, 16, 4, qdetail::Fp8E4M3<B, false>> f8w("H256 F128 E16 top4 fp8", 39);
+        failures += check_quant_shape(f8w, st, {80});
     }
     {
         const QShape<2048, 768, 128, 8, qdetail::MlxInt4<64, B>> q("H2048 F768 E128 top8 MLX int4 g64 (Qwen3-30B-A3B)", 36);
-        failures += check_quant_shape(q, st, {1, 8});
+        failures += check_quant_shape(q, st, {1, 8, 260});
         if (!(argc > 1 && std::strcmp(argv[1], "--no-bench") == 0)) time_quant_shape(q, big, "MLX int4 g64", st);
     }
     {
         const QShape<2048, 768, 128, 8, qdetail::Int8Channel<B>> q("H2048 F768 E128 top8 int8 (Qwen3-30B-A3B)", 37);
-        failures += check_quant_shape(q, st, {1, 8});
+        failures += check_quant_shape(q, st, {1, 8, 260});
         if (!(argc > 1 && std::strcmp(argv[1], "--no-bench") == 0)) time_quant_shape(q, big, "int8", st);
     }
     std::printf("%s\n", failures ? "FAILED" : "all MoE expert checks passed");
