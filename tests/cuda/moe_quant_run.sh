@@ -17,7 +17,9 @@
 #   30b     a Qwen3-30B-A3B-shaped model (random bf16, /dev/shm), its MLX int4 g64 quantization
 #           and the other presets of VARIANTS (`scr quantize`), each quantized model's greedy ids after
 #           a 300-token prompt per pair and by default (wide prefill expanded), `scr cuda-bench` of each of VARIANTS:
-#           bf16 or a preset name, +grouped forcing the grouped experts (SCR_CUDA_MOE_GEMM=1).
+#           bf16 or a preset name, +grouped forcing the grouped experts (SCR_CUDA_MOE_GEMM=1);
+#   wide    (asked for by name) the 30B's MLX int4 g64 decode at batch 256 (wide steps in a graph)
+#           per pair and by default (expanded), then scr_cuda_moe --no-bench under memcheck.
 set -u
 CARRY=${1:-.moeq-carry}
 OUT=${OUT:-/tmp/scr-moeq-out}
@@ -85,6 +87,22 @@ if [[ " ${PARTS:-checks 30b} " == *" 30b "* ]]; then
         step bench_30b_$v 170 env $e $C/scr cuda-bench $m --prompt 64 --decode 64 --prefill 2048 --batches 16,64 --batch-steps 16
         echo "== 30b $v:"; grep -h '^batch-1 decode\|^decode batch\|^prefill\|floor' "$LOGS/bench_30b_$v.txt" | cut -c1-200
     done
+fi
+if [[ " ${PARTS:-checks 30b} " == *" wide "* ]]; then  # not in the default PARTS
+    device_unpack "$CARRY/m30" /tmp/scr-moeq-m30
+    make_model 30b
+    p=mlx-int4-g64
+    [ -f $M-$p/config.json ] || step quantize_30b_$p 300 $C/scr quantize $M $M-$p --preset $p
+    # decode steps of 256 rows (2,048 pairs: wide) inside a captured graph: per pair vs expanded
+    for g in 0 default; do
+        e=; [ $g = 0 ] && e=SCR_CUDA_MOE_GEMM=0
+        step bench_wide_$g 170 env $e $C/scr cuda-bench $M-$p --prompt 64 --decode 16 --prefill 0 --batches 256 --batch-steps 8
+        echo "== 30b $p, SCR_CUDA_MOE_GEMM=$g:"; grep -h '^decode batch 256' "$LOGS/bench_wide_$g.txt" | head -2 | cut -c1-160
+    done
+    # memcheck of every expert check (the expanded wide steps included), no timings
+    device_unpack "$CARRY" /tmp/scr-moeq-bin
+    step memcheck_moe 400 compute-sanitizer --tool memcheck --error-exitcode 9 $C/scr_cuda_moe --no-bench
+    grep -h "ERROR SUMMARY\|passed\|FAILED" "$LOGS/memcheck_moe.txt"
 fi
 printf '%s\n' "${summary[@]}"
 tar -C "$LOGS" -cJf "$OUT/logs.tar.xz" .
