@@ -349,9 +349,10 @@ template <int H, int FF>
 constexpr bool kMoeQuantExpandable = H % detail::kMoeRowsStep == 0 && FF % detail::kMoeRowsStep == 0;
 
 // The expansion's scratch after the grouping's: the bf16 pointer table (3 E), the experts' picked
-// flags (E), then the expanded matrices, 256-byte aligned: 3 E x (hi + lo) x H x FF bf16.
+// flags (E), then the expanded matrices, 256-byte aligned: 3 E x (hi + lo) x H x FF bf16. The 128
+// floats of slack cover both alignments (at most 3 + 63 floats).
 template <int H, int FF, int E>
-constexpr int64_t kMoeQuantExpandFloats = 2 * 3 * E + E + 64 + int64_t(3) * E * H * FF;
+constexpr int64_t kMoeQuantExpandFloats = 2 * 3 * E + E + 128 + int64_t(3) * E * H * FF;
 struct MoeQuantExpandScratch {
     const void** table;
     int32_t* picked;
@@ -430,18 +431,21 @@ template <int H, int FF, int E>
 inline bool moe_quant_expands(int pairs) {
     return qdetail::kMoeQuantExpandable<H, FF> && pairs >= kMoeWidePairsPerExpert * E && moe_gemm_mode() == MoeGemmMode::kByRows;
 }
-// The quantized experts' workspace (floats): moe_experts_floats, plus the expansion's when a step of
-// `rows` rows may expand.
+// The expansion's floats when steps of up to `rows` rows may expand (else 0).
+template <int H, int FF, int E, int TOPK>
+constexpr int64_t moe_quant_expand_floats(int64_t rows) {
+    const bool may_expand = qdetail::kMoeQuantExpandable<H, FF> && rows * TOPK >= kMoeWidePairsPerExpert * E;
+    return may_expand ? qdetail::kMoeQuantExpandFloats<H, FF, E> : 0;
+}
+// The quantized experts' workspace (floats): moe_experts_floats plus the expansion's.
 template <int H, int FF, int E, int TOPK>
 constexpr int64_t moe_quant_experts_floats(int64_t rows) {
-    const bool may_expand = qdetail::kMoeQuantExpandable<H, FF> && rows * TOPK >= kMoeWidePairsPerExpert * E;
-    return moe_experts_floats<H, FF, E, TOPK>(rows) + (may_expand ? qdetail::kMoeQuantExpandFloats<H, FF, E> : 0);
+    return moe_experts_floats<H, FF, E, TOPK>(rows) + moe_quant_expand_floats<H, FF, E, TOPK>(rows);
 }
 // moe_workspace_floats for quantized experts (the CUDA emitter sizes the model's MoE workspace by it).
 template <int H, int FF, int E, int TOPK>
 constexpr int64_t moe_quant_workspace_floats(int64_t rows) {
-    return moe_workspace_floats<H, FF, E, TOPK>(rows) - moe_experts_floats<H, FF, E, TOPK>(rows) +
-           moe_quant_experts_floats<H, FF, E, TOPK>(rows);
+    return moe_workspace_floats<H, FF, E, TOPK>(rows) + moe_quant_expand_floats<H, FF, E, TOPK>(rows);
 }
 
 template <int H, int FF, int E, int TOPK, class F>
