@@ -424,8 +424,6 @@ __global__ void __launch_bounds__(256) moe_qexpand_kernel(const void* const* __r
 
 }  // namespace qdetail
 
-// The experts of every (row, pick) pair and their weighted sum per row (+ residual), given the
-// routing; ws as moe_experts (moe_experts_floats: activations, expert outputs).
 // Whether a step of `pairs` pairs expands the experts (wide, by the row rule, the shape allowing).
 template <int H, int FF, int E>
 inline bool moe_quant_expands(int pairs) {
@@ -448,6 +446,8 @@ constexpr int64_t moe_quant_workspace_floats(int64_t rows) {
     return moe_workspace_floats<H, FF, E, TOPK>(rows) + moe_quant_expand_floats<H, FF, E, TOPK>(rows);
 }
 
+// The experts of every (row, pick) pair and their weighted sum per row (+ residual), given the
+// routing; ws: moe_quant_experts_floats (activations, expert outputs, grouping, expansion).
 template <int H, int FF, int E, int TOPK, class F>
 void moe_quant_experts(const Ctx& c, int rows, const float* x, const void* const* experts, const int32_t* top_id, const float* top_w,
                        const float* residual, float* out, float* ws) {
