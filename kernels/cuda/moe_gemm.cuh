@@ -263,19 +263,23 @@ __global__ void __launch_bounds__(mma_warps(K) * kWarp)
 // the k-split kernel's, so wide steps are a regime of their own; within it a pair still gets the same
 // bits whichever chunk or column it lands in.
 //
-// WP = 2 (quantized experts expanded for a wide step, moe_quant.cuh): each matrix is stored as bf16
-// hi then lo (w = hi + lo to ~2^-18 |w|, the lo matrix right after the hi one); both are loaded and
-// multiplied by x's hi and lo, except lo x lo (~2^-18 |w x|, as large as the split's own error).
+// Quantized experts expanded for a wide step (moe_quant.cuh):
+//  * WP = 2 (MLX affine): each matrix is stored as bf16 hi then lo (w = hi + lo to ~2^-18 |w|, the
+//    lo matrix right after the hi one); both are loaded and multiplied by x's hi and lo, except
+//    lo x lo (~2^-18 |w x|, as large as the split's own error);
+//  * row_scale (int8 / fp8: the matrices are the codes, exact in bf16): output row r of matrix m
+//    = 3 e + j is multiplied by row_scale[m * max(K, N) + r] before the SwiGLU, as the GEMVs do.
 template <int N>
 __host__ __device__ constexpr int moe_row_warps() {
     return (N / 16) % 8 == 0 ? 8 : (N / 16) % 4 == 0 ? 4 : (N / 16) % 2 == 0 ? 2 : 1;
 }
 constexpr int kMoeRowsStep = 64;  // k staged per step (two 32-k sub-tiles)
 
-template <int K, int N, int TN, bool SWIGLU, int XDIV, int MAT, int WP = 1>
+template <int K, int N, int TN, bool SWIGLU, int XDIV, int MAT, int WP = 1, bool ROW_SCALE = false>
 __global__ void __launch_bounds__(moe_row_warps<N>() * kWarp)
     moe_gemm_rows_kernel(const float* __restrict__ x, const void* const* __restrict__ experts, const int32_t* __restrict__ order,
-                         const MoeChunk* __restrict__ chunks, const int32_t* __restrict__ n_chunks, float* __restrict__ out) {
+                         const MoeChunk* __restrict__ chunks, const int32_t* __restrict__ n_chunks, float* __restrict__ out,
+                         const float* __restrict__ row_scale) {
     constexpr int NWp = moe_row_warps<N>();
     constexpr int kThreads = NWp * kWarp;
     constexpr int NA = SWIGLU ? 2 : 1;
@@ -401,7 +405,14 @@ __global__ void __launch_bounds__(moe_row_warps<N>() * kWarp)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     float v = acc[0][n][2 * h + j];
-                    if constexpr (SWIGLU) v = silu(v) * acc[NA - 1][n][2 * h + j];
+                    if constexpr (ROW_SCALE) {
+                        constexpr int kStride = K > N ? K : N;
+                        const int row = row0 + g + 8 * h;
+                        v *= row_scale[(3 * ch.expert + MAT) * kStride + row];
+                        if constexpr (SWIGLU) v = silu(v) * (acc[NA - 1][n][2 * h + j] * row_scale[(3 * ch.expert + MAT + 1) * kStride + row]);
+                    } else {
+                        if constexpr (SWIGLU) v = silu(v) * acc[NA - 1][n][2 * h + j];
+                    }
                     o[row0 + g + 8 * h] = v;
                 }
             }
@@ -428,15 +439,15 @@ void launch_moe_gemm(const Ctx& c, int max_chunks, const float* x, const void* c
     kernel<<<grid, threads, 0, c.stream>>>(x, experts, order, chunks, n_chunks, out);
 }
 
-template <int K, int N, int TN, bool SWIGLU, int XDIV, int MAT, int WP = 1>
+template <int K, int N, int TN, bool SWIGLU, int XDIV, int MAT, int WP = 1, bool ROW_SCALE = false>
 void launch_moe_gemm_rows(const Ctx& c, int max_chunks, const float* x, const void* const* experts, const int32_t* order,
-                          const MoeChunk* chunks, const int32_t* n_chunks, float* out) {
-    constexpr auto kernel = moe_gemm_rows_kernel<K, N, TN, SWIGLU, XDIV, MAT, WP>;
+                          const MoeChunk* chunks, const int32_t* n_chunks, float* out, const float* row_scale = nullptr) {
+    constexpr auto kernel = moe_gemm_rows_kernel<K, N, TN, SWIGLU, XDIV, MAT, WP, ROW_SCALE>;
     constexpr int threads = moe_row_warps<N>() * kWarp;
     constexpr int tiles = N / (16 * moe_row_warps<N>());
     static const int resident = resident_blocks(kernel, threads);
     const int grid = int(std::min<int64_t>(int64_t(max_chunks) * tiles, resident));
-    kernel<<<grid, threads, 0, c.stream>>>(x, experts, order, chunks, n_chunks, out);
+    kernel<<<grid, threads, 0, c.stream>>>(x, experts, order, chunks, n_chunks, out, row_scale);
 }
 
 // SCR_CUDA_MOE_WIDE=ksplit: wide steps on the k-split kernel too (A/B runs).

@@ -337,48 +337,58 @@ __global__ void __launch_bounds__(256) moe_quant_down_kernel(const float* __rest
     }
 }
 
-// ---- Wide steps: the experts expanded to bf16 hi + lo, then the bf16 grouped GEMM ----
+// ---- Wide steps: the experts expanded to bf16, then the bf16 grouped GEMM ----
 // A long prompt picks every expert many times: the GEMVs above then re-read each expert's codes
 // once per pair (Qwen3-30B-A3B MLX int4 g64 at 2,048 rows: 0.17x the bf16 build's prefill). From
 // kMoeWidePairsPerExpert pairs per expert, as the bf16 build goes wide, the step instead writes each
-// picked expert's matrices out as bf16 hi + lo (w = dequant(q) in float32 as the GEMVs'; |w - hi -
-// lo| <= 2^-18 |w|) and runs moe_gemm_rows_kernel over them (WP = 2): the dense quantized linears'
-// prefill (quant_prefill.cuh) applied to the experts. Its own regime (another summation order):
-// a pair's bits do not depend on the other pairs within it.
+// picked expert's matrices out in bf16 and runs moe_gemm_rows_kernel over them: the dense quantized
+// linears' prefill (quant_prefill.cuh) applied to the experts.
+//  * MLX affine: w = dequant(q) in float32 as the GEMVs', as bf16 hi + lo (|w - hi - lo| <= 2^-18
+//    |w|; the kernel's WP = 2);
+//  * int8 / fp8: the codes, exact in bf16, and each row's scale in float32, applied by the kernel's
+//    epilogue (ROW_SCALE) as the GEMVs apply it: half the bytes to write and read.
+// Its own regime (another summation order): a pair's bits do not depend on the other pairs within it.
 template <int H, int FF>
 constexpr bool kMoeQuantExpandable = H % detail::kMoeRowsStep == 0 && FF % detail::kMoeRowsStep == 0;
+// bf16 matrices per expanded weight matrix: hi and lo (affine), or the codes.
+template <class F>
+constexpr int kMoeQuantExpandParts = F::kAffine ? 2 : 1;
 
 // The expansion's scratch after the grouping's: the bf16 pointer table (3 E), the experts' picked
-// flags (E), then the expanded matrices, 256-byte aligned: 3 E x (hi + lo) x H x FF bf16. The 128
-// floats of slack cover both alignments (at most 3 + 63 floats).
+// flags (E), then, 256-byte aligned, the expanded matrices: 3 E x (hi + lo) x H x FF bf16, or 3 E x
+// H x FF codes followed by 3 E x max(H, FF) float32 row scales (no larger, as H FF / 2 >= max(H, FF)).
+// The 128 floats of slack cover both alignments (at most 3 + 63 floats).
 template <int H, int FF, int E>
 constexpr int64_t kMoeQuantExpandFloats = 2 * 3 * E + E + 128 + int64_t(3) * E * H * FF;
 struct MoeQuantExpandScratch {
     const void** table;
     int32_t* picked;
     bf16_t* weights;
+    float* row_scale;  // int8 / fp8 only
 };
-template <int E>
+template <int H, int FF, int E>
 inline MoeQuantExpandScratch moe_qexpand_scratch(float* at) {
+    static_assert(int64_t(H) * FF / 2 >= (H > FF ? H : FF), "the row scales fit beside the codes");
     auto align = [](uintptr_t p, uintptr_t a) { return (p + a - 1) / a * a; };
     auto** table = reinterpret_cast<const void**>(align(reinterpret_cast<uintptr_t>(at), 16));
     auto* picked = reinterpret_cast<int32_t*>(table + 3 * E);
     auto* weights = reinterpret_cast<bf16_t*>(align(reinterpret_cast<uintptr_t>(picked + E), 256));
-    return {table, picked, weights};
+    auto* row_scale = reinterpret_cast<float*>(weights + size_t(3) * E * H * FF);
+    return {table, picked, weights, row_scale};
 }
 
 // One block: which experts the step picked, and the expanded experts' table (matrix 3 e + j: its
-// hi, then its lo H x FF later).
-template <int H, int FF, int E>
+// WP bf16 matrices of H x FF, hi then lo for the affine format).
+template <int H, int FF, int E, int WP>
 __global__ void __launch_bounds__(1024) moe_qexpand_pick_kernel(int pairs, const int32_t* __restrict__ top_id, MoeQuantExpandScratch s) {
     for (int e = threadIdx.x; e < E; e += blockDim.x) s.picked[e] = 0;
-    for (int i = threadIdx.x; i < 3 * E; i += blockDim.x) s.table[i] = s.weights + size_t(i) * 2 * H * FF;
+    for (int i = threadIdx.x; i < 3 * E; i += blockDim.x) s.table[i] = s.weights + size_t(i) * WP * H * FF;
     __syncthreads();
     for (int i = threadIdx.x; i < pairs; i += blockDim.x) s.picked[top_id[i]] = 1;
 }
 
-// Matrix blockIdx.y = 3 e + j of the picked experts as bf16 hi + lo, 8 consecutive weights of a row
-// per thread and unit (16-byte stores).
+// Matrix blockIdx.y = 3 e + j of the picked experts in bf16 (hi + lo, or the codes and the row
+// scales), 8 consecutive weights of a row per thread and unit (16-byte stores).
 constexpr int kMoeQuantExpandUnits = 4;  // units per thread
 template <int H, int FF, class F>
 __global__ void __launch_bounds__(256) moe_qexpand_kernel(const void* const* __restrict__ experts, MoeQuantExpandScratch s) {
@@ -386,8 +396,8 @@ __global__ void __launch_bounds__(256) moe_qexpand_kernel(const void* const* __r
     if (!s.picked[e]) return;
     const int k = j == 2 ? FF : H;  // the down projection reads the activation (FF)
     const QuantW w = qexpert<F>(experts, e, j);
-    bf16_t* hi = s.weights + size_t(m) * 2 * H * FF;
-    bf16_t* lo = hi + size_t(H) * FF;
+    bf16_t* hi = s.weights + size_t(m) * kMoeQuantExpandParts<F> * H * FF;  // or the codes
+    bf16_t* lo = hi + size_t(H) * FF;                                       // affine only
     constexpr int kUnits = H * FF / 8;
 #pragma unroll
     for (int i = 0; i < kMoeQuantExpandUnits; ++i) {
@@ -404,12 +414,16 @@ __global__ void __launch_bounds__(256) moe_qexpand_kernel(const void* const* __r
             for (int q = 0; q < 8; ++q) v[q] = fmaf(float((word >> (4 * q)) & 15u), sc, b);  // as qexpand_hi_lo_kernel
         } else {
             const uint2 bytes = static_cast<const uint2*>(w.q)[u];
-            const float sc = qrow_scale<F>(w.scales, row);
             float q4[2][4];
             F::unpack(bytes.x, q4[0]);
             F::unpack(bytes.y, q4[1]);
+            __align__(16) __nv_bfloat16 c[8];
 #pragma unroll
-            for (int q = 0; q < 8; ++q) v[q] = q4[q / 4][q % 4] * sc;
+            for (int q = 0; q < 8; ++q) c[q] = __float2bfloat16_rn(q4[q / 4][q % 4]);  // exact: |q| <= 127, e4m3's 4 bits
+            reinterpret_cast<uint4*>(hi)[u] = *reinterpret_cast<const uint4*>(c);
+            constexpr int kStride = H > FF ? H : FF;
+            if (k0 == 0) s.row_scale[size_t(m) * kStride + row] = qrow_scale<F>(w.scales, row);
+            continue;
         }
         __align__(16) __nv_bfloat16 h[8], l[8];
 #pragma unroll
@@ -458,16 +472,20 @@ void moe_quant_experts(const Ctx& c, int rows, const float* x, const void* const
     if constexpr (qdetail::kMoeQuantExpandable<H, FF>) {
         if (moe_quant_expands<H, FF, E>(pairs)) {
             float* group = y + size_t(pairs) * H;
-            const qdetail::MoeQuantExpandScratch xs = qdetail::moe_qexpand_scratch<E>(group + moe_group_floats<E>(pairs));
-            qdetail::moe_qexpand_pick_kernel<H, FF, E><<<1, 1024, 0, c.stream>>>(pairs, top_id, xs);
+            constexpr int WP = qdetail::kMoeQuantExpandParts<F>;
+            constexpr bool kRowScale = !F::kAffine;
+            const qdetail::MoeQuantExpandScratch xs = qdetail::moe_qexpand_scratch<H, FF, E>(group + moe_group_floats<E>(pairs));
+            qdetail::moe_qexpand_pick_kernel<H, FF, E, WP><<<1, 1024, 0, c.stream>>>(pairs, top_id, xs);
             constexpr int kBlocks = ceil_div(H * FF / 8, 256 * qdetail::kMoeQuantExpandUnits);
             qdetail::moe_qexpand_kernel<H, FF, F><<<dim3(kBlocks, 3 * E), 256, 0, c.stream>>>(experts, xs);
             const auto [order, n_chunks, chunks] = moe_group_scratch(group, pairs);
             constexpr int CR = detail::moe_chunk_pairs(4);
             detail::moe_group_kernel<E, CR><<<1, 1024, 0, c.stream>>>(pairs, top_id, order, chunks, n_chunks);
             const int max_chunks = std::min(pairs, pairs / CR + E);
-            detail::launch_moe_gemm_rows<H, FF, 4, true, TOPK, 0, 2>(c, max_chunks, x, xs.table, order, chunks, n_chunks, act);
-            detail::launch_moe_gemm_rows<FF, H, 4, false, 1, 2, 2>(c, max_chunks, act, xs.table, order, chunks, n_chunks, y);
+            detail::launch_moe_gemm_rows<H, FF, 4, true, TOPK, 0, WP, kRowScale>(c, max_chunks, x, xs.table, order, chunks, n_chunks, act,
+                                                                               xs.row_scale);
+            detail::launch_moe_gemm_rows<FF, H, 4, false, 1, 2, WP, kRowScale>(c, max_chunks, act, xs.table, order, chunks, n_chunks, y,
+                                                                              xs.row_scale);
             detail::moe_combine_kernel<H, TOPK><<<dim3(ceil_div(H, 128), rows), 128, 0, c.stream>>>(rows, top_id, top_w, y, residual, out);
             return;
         }

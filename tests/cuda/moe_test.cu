@@ -619,6 +619,8 @@ int main(int argc, char** argv) try {
         failures += check_quant_shape(i8w, st, {80});
         const QShape<256, 128, 16, 4, qdetail::Fp8E4M3<B, false>> f8w("H256 F128 E16 top4 fp8", 39);
         failures += check_quant_shape(f8w, st, {80});
+        const QShape<256, 128, 16, 4, qdetail::Fp8E4M3<B, true>> f8tw("H256 F128 E16 top4 fp8 per tensor", 40);
+        failures += check_quant_shape(f8tw, st, {80});
     }
     {
         const QShape<2048, 768, 128, 8, qdetail::MlxInt4<64, B>> q("H2048 F768 E128 top8 MLX int4 g64 (Qwen3-30B-A3B)", 36);
