@@ -1,7 +1,7 @@
 #!/bin/bash
 # The quantized MoE experts (kernels/cuda/moe_quant.cuh) on the GPU machine, one call of the run tool
 # per part, most important first:
-#   OUT=$OUT [PARTS="checks 30b"] [VARIANTS="mlx-int4-g64 bf16"] [BASE=CARRY_DIR2 [ROUNDS=2]] bash tests/cuda/moe_quant_run.sh CARRY_DIR
+#   OUT=$OUT [PARTS="checks 30b"] [VARIANTS="mlx-int4-g64 bf16"] [BATCHES=16,64] [BASE=CARRY_DIR2 [ROUNDS=2]] bash tests/cuda/moe_quant_run.sh CARRY_DIR
 # CARRY_DIR (git-ignored; docs/CUDA.md "Session 38" / "Session 40" make it):
 #   bin.tar.xz      tests/cuda/pack_carry.sh of a CUDA build with -DSCR_MODELS=tiny-qwen3-moe
 #                   -DSCR_QUANT="bf16;int8;fp8;fp8-tensor;mlx-int4-g32" -DSCR_TESTS=ON;
@@ -84,7 +84,7 @@ if [[ " ${PARTS:-checks 30b} " == *" 30b "* ]]; then
         p=${v%+grouped} m=$M e=
         [ $p = bf16 ] || m=$M-$p
         [ $v = $p ] || e=SCR_CUDA_MOE_GEMM=1
-        step bench_30b_$v 170 env $e $C/scr cuda-bench $m --prompt 64 --decode 64 --prefill 2048 --batches 16,64 --batch-steps 16
+        step bench_30b_$v 170 env $e $C/scr cuda-bench $m --prompt 64 --decode 64 --prefill 2048 --batches ${BATCHES:-16,64} --batch-steps 16
         echo "== 30b $v:"; grep -h '^batch-1 decode\|^decode batch\|^prefill\|floor' "$LOGS/bench_30b_$v.txt" | cut -c1-200
     done
 fi
