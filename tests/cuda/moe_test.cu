@@ -428,22 +428,29 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
             moe_gemm_override() = -1;
             int forms_differ = 0;
             for (int i = 0; i < rows; ++i) forms_differ += std::memcmp(&got[size_t(i) * H], &per_pair[size_t(i) * H], H * 4) != 0;
-            double worst = 0.0;
-            int bad = 0, differ = 0;
-            std::vector<double> ref, bound;
-            for (const int i : check) {
-                reference_row<H, F, E, K>(s, &x[size_t(i) * H], &res[size_t(i) * H], &r.ids[size_t(i) * K], &r.weights[size_t(i) * K], ref,
-                                          bound);
-                for (int h = 0; h < H; ++h) {
-                    const double err = std::fabs(double(got[size_t(i) * H + h]) - ref[h]);
-                    if (!(err <= bound[h])) {
-                        if (bad++ < 3)
-                            std::printf("  %s rows %d %s row %d h %d: got %.9g want %.9g (bound %.3g)\n", s.name, rows,
-                                        skewed ? "skewed" : "uniform", i, h, got[size_t(i) * H + h], ref[h], bound[h]);
-                    } else {
-                        worst = std::max(worst, err / bound[h]);
+            // The checked rows of `out` against the reference: outputs past the bound counted in `bad`
+            // (the first 3 printed), the worst err/bound of the others in `worst`.
+            auto against_reference = [&](const std::vector<float>& out, const char* form, int& bad, double& worst) {
+                std::vector<double> ref, bound;
+                for (const int i : check) {
+                    reference_row<H, F, E, K>(s, &x[size_t(i) * H], &res[size_t(i) * H], &r.ids[size_t(i) * K], &r.weights[size_t(i) * K],
+                                              ref, bound);
+                    for (int h = 0; h < H; ++h) {
+                        const double err = std::fabs(double(out[size_t(i) * H + h]) - ref[h]);
+                        if (!(err <= bound[h])) {
+                            if (bad++ < 3)
+                                std::printf("  %s rows %d %s%s row %d h %d: got %.9g want %.9g (bound %.3g)\n", s.name, rows,
+                                            skewed ? "skewed" : "uniform", form, i, h, out[size_t(i) * H + h], ref[h], bound[h]);
+                        } else {
+                            worst = std::max(worst, err / bound[h]);
+                        }
                     }
                 }
+            };
+            double worst = 0.0;
+            int bad = 0, differ = 0;
+            against_reference(got, "", bad, worst);
+            for (const int i : check) {
                 CK(cudaMemcpy(one.x, &x[size_t(i) * H], H * 4, cudaMemcpyHostToDevice));
                 CK(cudaMemcpy(one.res, &res[size_t(i) * H], H * 4, cudaMemcpyHostToDevice));
                 CK(cudaMemcpy(one.ids, &r.ids[size_t(i) * K], K * 4, cudaMemcpyHostToDevice));
@@ -451,28 +458,15 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
                 const std::vector<float> alone = launch(one, 1);
                 differ += std::memcmp(alone.data(), &got[size_t(i) * H], H * 4) != 0;
             }
-            // Wide steps by default: the experts expanded to bf16 hi + lo and the grouped GEMM (a regime of
-            // its own): against the reference with the same bound, and the rows reversed (every pair in
+            // Wide steps by default: the experts expanded to bf16 and the grouped GEMM (a regime of its
+            // own): against the reference with the same bound, and the rows reversed (every pair in
             // another chunk and column) give each row the same bits.
             const bool expands = moe_quant_expands<H, F, E>(rows * K);
             int bad_wide = 0, wide_differ = 0;
             double worst_wide = 0.0;
             if (expands) {
                 const std::vector<float> wide = launch(L, rows);
-                for (const int i : check) {
-                    reference_row<H, F, E, K>(s, &x[size_t(i) * H], &res[size_t(i) * H], &r.ids[size_t(i) * K], &r.weights[size_t(i) * K],
-                                              ref, bound);
-                    for (int h = 0; h < H; ++h) {
-                        const double err = std::fabs(double(wide[size_t(i) * H + h]) - ref[h]);
-                        if (!(err <= bound[h])) {
-                            if (bad_wide++ < 3)
-                                std::printf("  %s rows %d %s (expanded) row %d h %d: got %.9g want %.9g (bound %.3g)\n", s.name, rows,
-                                            skewed ? "skewed" : "uniform", i, h, wide[size_t(i) * H + h], ref[h], bound[h]);
-                        } else {
-                            worst_wide = std::max(worst_wide, err / bound[h]);
-                        }
-                    }
-                }
+                against_reference(wide, " (expanded)", bad_wide, worst_wide);
                 std::vector<float> xr(x.size()), rr(res.size());
                 Routing rev = r;
                 for (int i = 0; i < rows; ++i) {
