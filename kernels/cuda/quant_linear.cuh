@@ -575,7 +575,7 @@ struct QMmaShape {
 };
 
 // Warps splitting K: as many as divide the row's chunks, up to 8 (depends on K only).
-inline int qmma_warps(int chunks) {
+constexpr int qmma_warps(int chunks) {
     int w = kMmaMaxWarps;
     while (w > 1 && chunks % w != 0) w /= 2;
     return w;
@@ -627,6 +627,16 @@ __device__ __forceinline__ void qgroup_affine(float (&acc)[4], const float (&cg)
     }
 }
 
+// Output rows of a grouped launch: its stacked matrices', or (SwiGLU) the gate's, whose up rows
+// share them.
+template <bool SWIGLU>
+__device__ __forceinline__ int qfused_rows(const QuantFusedArgs& p) {
+    int n = p.mat[0].n;
+    if (!SWIGLU)
+        for (int m = 1; m < p.nmat; ++m) n += p.mat[m].n;
+    return n;
+}
+
 // Which matrix of a grouped launch global row n belongs to; n becomes its row there.
 __device__ __forceinline__ int qmat_of(const QuantFusedArgs& p, int& n) {
     int m = 0;
@@ -634,53 +644,23 @@ __device__ __forceinline__ int qmat_of(const QuantFusedArgs& p, int& n) {
     return m;
 }
 
-template <class F, int TN, bool SWIGLU, bool NORM>
-__global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const __grid_constant__ QuantFusedArgs p) {
-    using S = QMmaShape<F, TN, SWIGLU>;
+// quant_mma_kernel's main loop, shared with moe_quant_mma_kernel (moe_quant.cuh): the lane's
+// partial sums acc of MT 16-row tiles (wrow / srow / brow: rows g and g + 8 of each, at the warp's
+// first chunk, 16 t bytes in) against TN 8-token tiles over CH chunks of K from chunk c_first.
+// xrow(n): the x row of token column n * 8 + g, or null (zeros). NORM: x times norm_w, and ss[n]
+// gathers token g's sum of x^2 over the lane's k.
+template <class F, int TN, bool NORM, int MT, class XRow>
+__device__ __forceinline__ void qmma_accumulate(const uint8_t* const (&wrow)[MT][2], const typename F::Scale* const (&srow)[MT][2],
+                                                const typename F::Scale* const (&brow)[MT][2], int CH, int c_first, int g, int t,
+                                                const XRow& xrow, const float* norm_w, float (&acc)[MT][TN][4], float (&ss)[TN]) {
+    using S = QMmaShape<F, TN, MT == 2>;
     using ST = typename F::Scale;
-    constexpr int MT = S::MT, U = S::U;
+    constexpr int U = S::U;
     constexpr int CK = F::kMmaChunk;
-    constexpr int kVals = MT * TN * 4 + (NORM ? TN : 0);
-    __shared__ float red[kMmaMaxWarps / 2][kVals][kWarp];
-    // Rows of the launch: the stacked matrices, or (SwiGLU) the gate's, whose tile 1 is the up rows.
-    int n_total = p.mat[0].n;
-    if (!SWIGLU)
-        for (int m = 1; m < p.nmat; ++m) n_total += p.mat[m].n;
-
-    const int nw = blockDim.x / kWarp;
-    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-    const int g = lane / 4, t = lane % 4;
-    // Split K: gridDim.z blocks of one cluster (qmma_split) each take a slice of K, their nw warps
-    // split it again; the slices are K-order, warp by warp, block by block.
-    const int CH = p.k / CK / (nw * int(gridDim.z));  // chunks per warp
-    const int c_first = (int(blockIdx.z) * nw + warp) * CH;
-    const int row0 = blockIdx.y * (SWIGLU ? 16 : 16 * MT);  // SwiGLU: the two tiles share their rows
-    const int tok0 = blockIdx.x * (TN * 8);
-    const size_t row_bytes = size_t(p.k) / CK * 64;
-
-    // Rows g and g + 8 of each tile (rows past the last read the last row and are never written).
-    const uint8_t* wrow[MT][2];
-    const ST* srow[MT][2];
-    const ST* brow[MT][2];
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            int n = min(row0 + (SWIGLU ? 0 : 16 * m) + g + 8 * h, n_total - 1);
-            const QuantMat& mat = p.mat[SWIGLU ? m : qmat_of(p, n)];
-            wrow[m][h] = static_cast<const uint8_t*>(mat.q) + size_t(n) * row_bytes + size_t(c_first) * 64 + 16 * t;
-            if constexpr (F::kAffine) {
-                constexpr int GPC = CK / F::kGroup;
-                const size_t at = size_t(n) * (p.k / F::kGroup) + size_t(c_first) * GPC;
-                srow[m][h] = static_cast<const ST*>(mat.scales) + at;
-                brow[m][h] = static_cast<const ST*>(mat.biases) + at;
-            }
-        }
-    float ss[TN];  // folded RMSNorm: token g's sum of x^2 over this lane's k
-#pragma unroll
+    static_assert(S::MT == MT, "the tiles of QMmaShape");
+    #pragma unroll
     for (int n = 0; n < TN; ++n) ss[n] = 0.0f;
 
-    float acc[MT][TN][4];
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -742,18 +722,18 @@ __global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const _
                     const int k = kc + qmma_word_k<F::kSwap>(t, wd);
                     float nw[8];
                     if constexpr (NORM) {
-                        const float4 n0 = __ldg(reinterpret_cast<const float4*>(p.norm_w + k));
-                        const float4 n1 = __ldg(reinterpret_cast<const float4*>(p.norm_w + k + 4));
+                        const float4 n0 = __ldg(reinterpret_cast<const float4*>(norm_w + k));
+                        const float4 n1 = __ldg(reinterpret_cast<const float4*>(norm_w + k + 4));
                         nw[0] = n0.x; nw[1] = n0.y; nw[2] = n0.z; nw[3] = n0.w;
                         nw[4] = n1.x; nw[5] = n1.y; nw[6] = n1.z; nw[7] = n1.w;
                     }
 #pragma unroll
                     for (int n = 0; n < TN; ++n) {
-                        const int tok = tok0 + n * 8 + g;
+                        const float* xr = xrow(n);
                         float xv[8];
-                        if (tok < p.rows) {
-                            const float4 x0 = __ldg(reinterpret_cast<const float4*>(p.x + size_t(tok) * p.k + k));
-                            const float4 x1 = __ldg(reinterpret_cast<const float4*>(p.x + size_t(tok) * p.k + k + 4));
+                        if (xr) {
+                            const float4 x0 = __ldg(reinterpret_cast<const float4*>(xr + k));
+                            const float4 x1 = __ldg(reinterpret_cast<const float4*>(xr + k + 4));
                             xv[0] = x0.x; xv[1] = x0.y; xv[2] = x0.z; xv[3] = x0.w;
                             xv[4] = x1.x; xv[5] = x1.y; xv[6] = x1.z; xv[7] = x1.w;
                         } else {
@@ -800,12 +780,12 @@ __global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const _
                         for (int h = 0; h < 2; ++h) qunpack_row_bf16<F>(word_of(r.w[u][m][h], wd), a[m][h]);
                     const int k = kc + 16 * t + 4 * wd;
                     float4 nw;
-                    if constexpr (NORM) nw = __ldg(reinterpret_cast<const float4*>(p.norm_w + k));
+                    if constexpr (NORM) nw = __ldg(reinterpret_cast<const float4*>(norm_w + k));
 #pragma unroll
                     for (int n = 0; n < TN; ++n) {
-                        const int tok = tok0 + n * 8 + g;
+                        const float* xr = xrow(n);
                         float4 xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                        if (tok < p.rows) xv = __ldg(reinterpret_cast<const float4*>(p.x + size_t(tok) * p.k + k));
+                        if (xr) xv = __ldg(reinterpret_cast<const float4*>(xr + k));
                         if constexpr (NORM) {
                             ss[n] = fmaf(xv.x, xv.x, ss[n]);
                             ss[n] = fmaf(xv.y, xv.y, ss[n]);
@@ -848,6 +828,85 @@ __global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const _
             mma_round(r, c0);
         }
     }
+}
+
+// Every accumulator of the tensor-core kernels, then (NORM) every sum of squares, with its slot.
+template <bool NORM, int MT, int TN, class Fn>
+__device__ __forceinline__ void qmma_each_partial(float (&acc)[MT][TN][4], float (&ss)[TN], Fn&& f) {
+    int v = 0;
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int n = 0; n < TN; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) f(acc[m][n][e], v++);
+    if constexpr (NORM) {
+#pragma unroll
+        for (int n = 0; n < TN; ++n) f(ss[n], v++);
+    }
+}
+// Fixed tree over a block's nw warps: the upper half hands its partials to the lower half (red:
+// [nw / 2][partials][kWarp] floats of shared memory); warp 0 ends with the block's sums.
+template <bool NORM, int MT, int TN, int VALS>
+__device__ __forceinline__ void qmma_warp_tree(float (&acc)[MT][TN][4], float (&ss)[TN], float (*red)[VALS][kWarp], int nw, int warp,
+                                               int lane) {
+    for (int half = nw / 2; half >= 1; half /= 2) {
+        if (warp >= half && warp < 2 * half) qmma_each_partial<NORM>(acc, ss, [&](float& a, int v) { red[warp - half][v][lane] = a; });
+        __syncthreads();
+        if (warp < half) qmma_each_partial<NORM>(acc, ss, [&](float& a, int v) { a += red[warp][v][lane]; });
+        __syncthreads();
+    }
+}
+
+template <class F, int TN, bool SWIGLU, bool NORM>
+__global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const __grid_constant__ QuantFusedArgs p) {
+    using S = QMmaShape<F, TN, SWIGLU>;
+    using ST = typename F::Scale;
+    constexpr int MT = S::MT;
+    constexpr int CK = F::kMmaChunk;
+    constexpr int kVals = MT * TN * 4 + (NORM ? TN : 0);
+    __shared__ float red[kMmaMaxWarps / 2][kVals][kWarp];
+    // Rows of the launch: the stacked matrices, or (SwiGLU) the gate's, whose tile 1 is the up rows.
+    const int n_total = qfused_rows<SWIGLU>(p);
+
+    const int nw = blockDim.x / kWarp;
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    const int g = lane / 4, t = lane % 4;
+    // Split K: gridDim.z blocks of one cluster (qmma_split) each take a slice of K, their nw warps
+    // split it again; the slices are K-order, warp by warp, block by block.
+    const int CH = p.k / CK / (nw * int(gridDim.z));  // chunks per warp
+    const int c_first = (int(blockIdx.z) * nw + warp) * CH;
+    const int row0 = blockIdx.y * (SWIGLU ? 16 : 16 * MT);  // SwiGLU: the two tiles share their rows
+    const int tok0 = blockIdx.x * (TN * 8);
+    const size_t row_bytes = size_t(p.k) / CK * 64;
+
+    // Rows g and g + 8 of each tile (rows past the last read the last row and are never written).
+    const uint8_t* wrow[MT][2];
+    const ST* srow[MT][2];
+    const ST* brow[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            int n = min(row0 + (SWIGLU ? 0 : 16 * m) + g + 8 * h, n_total - 1);
+            const QuantMat& mat = p.mat[SWIGLU ? m : qmat_of(p, n)];
+            wrow[m][h] = static_cast<const uint8_t*>(mat.q) + size_t(n) * row_bytes + size_t(c_first) * 64 + 16 * t;
+            if constexpr (F::kAffine) {
+                constexpr int GPC = CK / F::kGroup;
+                const size_t at = size_t(n) * (p.k / F::kGroup) + size_t(c_first) * GPC;
+                srow[m][h] = static_cast<const ST*>(mat.scales) + at;
+                brow[m][h] = static_cast<const ST*>(mat.biases) + at;
+            }
+        }
+    float ss[TN];  // folded RMSNorm: token g's sum of x^2 over this lane's k
+    float acc[MT][TN][4];
+    qmma_accumulate<F, TN, NORM>(
+        wrow, srow, brow, CH, c_first, g, t,
+        [&](int n) {
+            const int tok = tok0 + n * 8 + g;
+            return tok < p.rows ? p.x + size_t(tok) * p.k : nullptr;
+        },
+        p.norm_w, acc, ss);
     pdl_trigger();
     // Token g's sum of squares over its 4 lanes (then over the warps in the tree below).
     if constexpr (NORM) {
@@ -858,26 +917,8 @@ __global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const _
         }
     }
 
-    // Fixed tree over the warps: the upper half hands its partials to the lower half.
-    auto each_partial = [&](auto&& f) {  // every accumulator, then every sum of squares, with its slot
-        int v = 0;
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int n = 0; n < TN; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) f(acc[m][n][e], v++);
-        if constexpr (NORM) {
-#pragma unroll
-            for (int n = 0; n < TN; ++n) f(ss[n], v++);
-        }
-    };
-    for (int half = nw / 2; half >= 1; half /= 2) {
-        if (warp >= half && warp < 2 * half) each_partial([&](float& a, int v) { red[warp - half][v][lane] = a; });
-        __syncthreads();
-        if (warp < half) each_partial([&](float& a, int v) { a += red[warp][v][lane]; });
-        __syncthreads();
-    }
+    auto each_partial = [&](auto&& f) { qmma_each_partial<NORM>(acc, ss, f); };
+    qmma_warp_tree<NORM>(acc, ss, red, nw, warp, lane);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (gridDim.z > 1) {
         // The cluster's blocks (one per K slice) meet in block 0's registers through distributed
@@ -1171,9 +1212,7 @@ __global__ void __launch_bounds__(kSWarps * kWarp, 2) quant_smem_kernel(const __
     const int per_split = chunks / ks;  // ks divides chunks (quant_smem_split)
     const int c_begin = split * per_split, c_end = c_begin + per_split;
     const int rows_per_block = (kSWarps / ks) * WROWS;
-    int n_total = p.mat[0].n;
-    if (!SWIGLU)
-        for (int m = 1; m < p.nmat; ++m) n_total += p.mat[m].n;
+    const int n_total = qfused_rows<SWIGLU>(p);
     const int tiles = ceil_div(n_total, rows_per_block);
     const int tok0 = blockIdx.y * TR;
     const int rows = min(TR, p.rows - tok0);

@@ -158,9 +158,7 @@ __global__ void __launch_bounds__(BW * kWarp, 16 / BW) quant_mma1_kernel(const _
     static_assert(R >= 1 && R <= kQmma1MaxRows, "token rows per launch");
     extern __shared__ __align__(16) uint8_t qmma1_smem_raw[];
 
-    int n_total = p.mat[0].n;
-    if (!SWIGLU)
-        for (int m = 1; m < p.nmat; ++m) n_total += p.mat[m].n;
+    const int n_total = qfused_rows<SWIGLU>(p);
     const int nw = blockDim.x / kWarp;
     const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
     const int g = lane / 4, t = lane % 4;

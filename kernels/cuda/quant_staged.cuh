@@ -90,9 +90,7 @@ __global__ void __launch_bounds__(kQsWarps * kWarp, 2) quant_staged_kernel(const
     float* ssp = xsum + sc * 4 * 16;
     float* red = ssp + 16;
 
-    int n_total = p.mat[0].n;
-    if (!SWIGLU)
-        for (int m = 1; m < p.nmat; ++m) n_total += p.mat[m].n;
+    const int n_total = qfused_rows<SWIGLU>(p);
     const int n_tiles = (n_total + 15) / 16;
     const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
     const int g = lane / 4, t = lane % 4;

@@ -295,9 +295,7 @@ __global__ void __launch_bounds__(kQwWarps * kWarp, 1) quant_wide_kernel(const _
     extern __shared__ __align__(16) unsigned char qw_smem[];
     __shared__ float inv_s[kQwTokens];
 
-    int n_total = p.mat[0].n;
-    if (!SWIGLU)
-        for (int m = 1; m < p.nmat; ++m) n_total += p.mat[m].n;
+    const int n_total = qfused_rows<SWIGLU>(p);
     const int tid = threadIdx.x, warp = tid / kWarp, lane = tid % kWarp;
     const int g = lane / 4, t = lane % 4;
     const int tt = blockIdx.x, rg = blockIdx.y;  // a row group's token tiles side by side: one HBM read of its weights
