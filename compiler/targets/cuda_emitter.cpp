@@ -83,9 +83,9 @@ public:
         for (auto& op : g_.ops)
             if (op.kind == ir::OpKind::moe) {
                 const bool quant_experts = op.weights.size() > 1 && g_.tensors[op.weights[1]].quantized();
-                moe_terms.insert(fmt::format("k::{}<{}, {}, {}, {}>({})", quant_experts ? "moe_quant_workspace_floats" : "moe_workspace_floats",
+                moe_terms.insert(fmt::format("k::{}<{}, {}, {}, {}{}>({})", quant_experts ? "moe_quant_workspace_floats" : "moe_workspace_floats",
                                              attr(op, "hidden"), attr(op, "ffn"), attr(op, "experts"), attr(op, "top_k"),
-                                             b_.params.max_batch_tokens));
+                                             quant_experts ? ", " + quant_format() : std::string(), b_.params.max_batch_tokens));
             }
         for (auto& op : g_.ops)  // gate and up rows of a quantized SwiGLU (kernels/cuda/quant_ops.cuh)
             if (op.kind == ir::OpKind::linear_swiglu && quantized_op(op))

@@ -93,6 +93,22 @@ __global__ void __launch_bounds__(1024) moe_group_kernel(int pairs, const int32_
         for (int j = 0; j * CR < count[e]; ++j) chunks[chunk0[e] + j] = MoeChunk{e, first[e] + j * CR, min(CR, count[e] - j * CR), 0};
 }
 
+// The outputs lane (g, t) holds after a chunk's MMAs: rows g and g + 8 of each tile for the pair
+// columns 2t and 2t + 1 of each 8-column group. f(n, j, o) for column n * 8 + 2t + j of each group n
+// that the chunk fills, o its pair's output row (N floats).
+template <int TN, int N, class Fn>
+__device__ __forceinline__ void moe_chunk_outputs(const MoeChunk& ch, const int32_t* __restrict__ order, float* __restrict__ out, int t,
+                                                  Fn&& f) {
+#pragma unroll
+    for (int n = 0; n < TN; ++n)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int i = n * 8 + 2 * t + j;
+            if (i >= ch.count) continue;
+            f(n, j, out + size_t(order[ch.first + i]) * N);
+        }
+}
+
 // out[pair][n] = x[pair / XDIV] . W_MAT[n] (SWIGLU: silu(x . W_MAT[n]) * (x . W_MAT+1[n])), for every
 // pair of every chunk. The up projection reads the token's row (XDIV = top_k) and the gate and up
 // matrices (MAT 0, 1); the down projection reads the pair's activation row (XDIV = 1), matrix 2.
@@ -233,24 +249,17 @@ __global__ void __launch_bounds__(mma_warps(K) * kWarp)
             __syncthreads();
         }
         if (warp != 0) continue;
-        // Lane (g, t) holds rows g and g + 8 of each tile for token columns 2t and 2t + 1.
+        moe_chunk_outputs<TN, N>(ch, order, out, t, [&](int n, int j, float* o) {
 #pragma unroll
-        for (int n = 0; n < TN; ++n)
+            for (int m = 0; m < MT; ++m)
 #pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                const int i = n * 8 + 2 * t + j;
-                if (i >= ch.count) continue;
-                float* o = out + size_t(order[ch.first + i]) * N;
-#pragma unroll
-                for (int m = 0; m < MT; ++m)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int row = nl + 16 * m + g + 8 * h;
-                        float v = acc[0][m][n][2 * h + j];
-                        if constexpr (SWIGLU) v = silu(v) * acc[NA - 1][m][n][2 * h + j];
-                        o[row] = v;
-                    }
-            }
+                for (int h = 0; h < 2; ++h) {
+                    const int row = nl + 16 * m + g + 8 * h;
+                    float v = acc[0][m][n][2 * h + j];
+                    if constexpr (SWIGLU) v = silu(v) * acc[NA - 1][m][n][2 * h + j];
+                    o[row] = v;
+                }
+        });
     }
 }
 
@@ -394,28 +403,22 @@ __global__ void __launch_bounds__(moe_row_warps<N>() * kWarp)
             }
             __syncthreads();
         }
-        // Lane (g, t) holds rows g and g + 8 of the warp's tile for pair columns 2t and 2t + 1.
+        // (rows of the warp's own tile)
+        moe_chunk_outputs<TN, N>(ch, order, out, t, [&](int n, int j, float* o) {
 #pragma unroll
-        for (int n = 0; n < TN; ++n)
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                const int i = n * 8 + 2 * t + j;
-                if (i >= ch.count) continue;
-                float* o = out + size_t(order[ch.first + i]) * N;
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    float v = acc[0][n][2 * h + j];
-                    if constexpr (ROW_SCALE) {
-                        constexpr int kStride = K > N ? K : N;
-                        const int row = row0 + g + 8 * h;
-                        v *= row_scale[(3 * ch.expert + MAT) * kStride + row];
-                        if constexpr (SWIGLU) v = silu(v) * (acc[NA - 1][n][2 * h + j] * row_scale[(3 * ch.expert + MAT + 1) * kStride + row]);
-                    } else {
-                        if constexpr (SWIGLU) v = silu(v) * acc[NA - 1][n][2 * h + j];
-                    }
-                    o[row0 + g + 8 * h] = v;
+            for (int h = 0; h < 2; ++h) {
+                float v = acc[0][n][2 * h + j];
+                if constexpr (ROW_SCALE) {
+                    constexpr int kStride = K > N ? K : N;
+                    const int row = row0 + g + 8 * h;
+                    v *= row_scale[(3 * ch.expert + MAT) * kStride + row];
+                    if constexpr (SWIGLU) v = silu(v) * (acc[NA - 1][n][2 * h + j] * row_scale[(3 * ch.expert + MAT + 1) * kStride + row]);
+                } else {
+                    if constexpr (SWIGLU) v = silu(v) * acc[NA - 1][n][2 * h + j];
                 }
+                o[row0 + g + 8 * h] = v;
             }
+        });
     }
 }
 
@@ -450,6 +453,10 @@ void launch_moe_gemm_rows(const Ctx& c, int max_chunks, const float* x, const vo
     kernel<<<grid, threads, 0, c.stream>>>(x, experts, order, chunks, n_chunks, out, row_scale);
 }
 
+// Whether moe_gemm_rows_kernel covers an H x F expert (k staged kMoeRowsStep at a time).
+template <int H, int F>
+constexpr bool kMoeRowsFits = H % kMoeRowsStep == 0 && F % kMoeRowsStep == 0;
+
 // SCR_CUDA_MOE_WIDE=ksplit: wide steps on the k-split kernel too (A/B runs).
 inline bool moe_wide_rows_on() {
     static const bool on = [] {
@@ -473,18 +480,26 @@ constexpr bool moe_gemm_fits() {
     return std::is_same_v<WT, bf16_t> && H % 32 == 0 && F % 32 == 0;
 }
 // Which expert form a step takes: SCR_CUDA_MOE_GEMM=0 / =1 (or moe_gemm_override() 0 / 1) force
-// the per-pair GEMVs / the grouped form; otherwise the row rule of moe_gemm_wanted.
-enum class MoeGemmMode { kPerPair = 0, kGrouped = 1, kByRows = 2 };
+// the per-pair GEMVs / the grouped form; =mma (override 3) the quantized experts' tensor-core form
+// (moe_quant.cuh; bf16 experts take their grouped GEMMs); otherwise the row rules (moe_gemm_wanted,
+// moe_quant_form).
+// 4 (moe_gemm_override() only, a test hook): the quantized experts expanded to bf16.
+enum class MoeGemmMode { kPerPair = 0, kGrouped = 1, kByRows = 2, kQuantMma = 3, kQuantExpand = 4 };
 inline MoeGemmMode moe_gemm_mode() {
     static const MoeGemmMode from_env = [] {
         const char* e = std::getenv("SCR_CUDA_MOE_GEMM");
-        return e && std::strcmp(e, "0") == 0 ? MoeGemmMode::kPerPair : e && std::strcmp(e, "1") == 0 ? MoeGemmMode::kGrouped : MoeGemmMode::kByRows;
+        if (!e) return MoeGemmMode::kByRows;
+        if (std::strcmp(e, "0") == 0) return MoeGemmMode::kPerPair;
+        if (std::strcmp(e, "1") == 0) return MoeGemmMode::kGrouped;
+        if (std::strcmp(e, "mma") == 0) return MoeGemmMode::kQuantMma;
+        return MoeGemmMode::kByRows;
     }();
     return moe_gemm_override() >= 0 ? MoeGemmMode(moe_gemm_override()) : from_env;
 }
 inline bool moe_gemm_wanted(int pairs, int experts) {
     const MoeGemmMode mode = moe_gemm_mode();
-    return mode == MoeGemmMode::kGrouped || (mode == MoeGemmMode::kByRows && 2 * pairs >= experts);
+    if (mode == MoeGemmMode::kPerPair) return false;
+    return mode != MoeGemmMode::kByRows || 2 * pairs >= experts;  // forced: the grouped GEMMs
 }
 
 // act[p] = SwiGLU(x[p / TOPK]) and y[p] = act[p] . Wd for the pairs p of `rows` rows, grouped by
@@ -507,31 +522,43 @@ inline MoeGroupScratch moe_group_scratch(float* group, int pairs) {
 // where the shape allows): every weight tile then feeds enough pairs to pay for staging x.
 constexpr int kMoeWidePairsPerExpert = 16;
 
+// A wide step on moe_gemm_rows_kernel (the shape allowing: detail::kMoeRowsFits): the pairs grouped
+// in 32-pair chunks, then the gate / up and the down launches. `experts`: bf16 matrices, WP per
+// weight matrix (hi then lo), and with ROW_SCALE their row scales (moe_quant.cuh's expanded experts).
+template <int H, int F, int E, int TOPK, int WP = 1, bool ROW_SCALE = false>
+void moe_experts_wide_rows(const Ctx& c, int pairs, const float* x, const void* const* experts, const int32_t* top_id, float* act,
+                           float* y, float* group, const float* row_scale = nullptr) {
+    static_assert(detail::kMoeRowsFits<H, F>, "moe_gemm_rows_kernel stages k in steps of kMoeRowsStep");
+    const auto [order, n_chunks, chunks] = moe_group_scratch(group, pairs);
+    constexpr int CR = detail::moe_chunk_pairs(4);
+    detail::moe_group_kernel<E, CR><<<1, 1024, 0, c.stream>>>(pairs, top_id, order, chunks, n_chunks);
+    const int max_chunks = std::min(pairs, pairs / CR + E);
+    detail::launch_moe_gemm_rows<H, F, 4, true, TOPK, 0, WP, ROW_SCALE>(c, max_chunks, x, experts, order, chunks, n_chunks, act, row_scale);
+    detail::launch_moe_gemm_rows<F, H, 4, false, 1, 2, WP, ROW_SCALE>(c, max_chunks, act, experts, order, chunks, n_chunks, y, row_scale);
+}
+
 template <int H, int F, int E, int TOPK>
 void moe_experts_grouped(const Ctx& c, int rows, const float* x, const void* const* experts, const int32_t* top_id, float* act,
                          float* y, float* group) {
     const int pairs = rows * TOPK;
-    const auto [order, n_chunks, chunks] = moe_group_scratch(group, pairs);
     // Wide chunks (4 column groups: each weight tile feeds 32 pairs) once experts average 16+
     // pairs; narrow ones for decode-sized steps, where most experts see a pair or two.
     const bool wide = pairs >= kMoeWidePairsPerExpert * E;
+    if constexpr (detail::kMoeRowsFits<H, F>) {
+        if (wide && detail::moe_wide_rows_on()) {
+            moe_experts_wide_rows<H, F, E, TOPK>(c, pairs, x, experts, top_id, act, y, group);
+            return;
+        }
+    }
+    const auto [order, n_chunks, chunks] = moe_group_scratch(group, pairs);
     const int cr = detail::moe_chunk_pairs(wide ? 4 : 1);
     const int max_chunks = std::min(pairs, pairs / cr + E);
-    if (wide)
-        detail::moe_group_kernel<E, detail::moe_chunk_pairs(4)><<<1, 1024, 0, c.stream>>>(pairs, top_id, order, chunks, n_chunks);
-    else
-        detail::moe_group_kernel<E, detail::moe_chunk_pairs(1)><<<1, 1024, 0, c.stream>>>(pairs, top_id, order, chunks, n_chunks);
     if (wide) {
-        if constexpr (H % detail::kMoeRowsStep == 0 && F % detail::kMoeRowsStep == 0) {
-            if (detail::moe_wide_rows_on()) {
-                detail::launch_moe_gemm_rows<H, F, 4, true, TOPK, 0>(c, max_chunks, x, experts, order, chunks, n_chunks, act);
-                detail::launch_moe_gemm_rows<F, H, 4, false, 1, 2>(c, max_chunks, act, experts, order, chunks, n_chunks, y);
-                return;
-            }
-        }
+        detail::moe_group_kernel<E, detail::moe_chunk_pairs(4)><<<1, 1024, 0, c.stream>>>(pairs, top_id, order, chunks, n_chunks);
         detail::launch_moe_gemm<H, F, 4, true, TOPK, 0>(c, max_chunks, x, experts, order, chunks, n_chunks, act);
         detail::launch_moe_gemm<F, H, 4, false, 1, 2>(c, max_chunks, act, experts, order, chunks, n_chunks, y);
     } else {
+        detail::moe_group_kernel<E, detail::moe_chunk_pairs(1)><<<1, 1024, 0, c.stream>>>(pairs, top_id, order, chunks, n_chunks);
         detail::launch_moe_gemm<H, F, 1, true, TOPK, 0>(c, max_chunks, x, experts, order, chunks, n_chunks, act);
         detail::launch_moe_gemm<F, H, 1, false, 1, 2>(c, max_chunks, act, experts, order, chunks, n_chunks, y);
     }

@@ -8,8 +8,9 @@
 // L1-bound, docs/CUDA.md "Session 39"), its warps read the gate and up rows in one pass over x and
 // carry several rows each where a row is short. A grouped form (moe_gemm.cuh's grouping, up to 8
 // pairs of an expert sharing each weight row's loads; the same bits) runs only when forced, as it
-// measured slower. No tensor-core GEMM over quantized experts yet, so from ~64 rows batches of
-// quantized experts run below the bf16 experts' grouped GEMMs (docs/CUDA.md "Session 40").
+// measured slower. Steps whose experts average a pair or more run the tensor-core form instead
+// (moe_quant_mma_kernel: the pairs grouped by expert, the codes as the MMA's A operand), and wide
+// steps expand the picked experts to bf16 for the bf16 build's grouped GEMM (moe_quant_form).
 //
 // The experts' table: expert e's gate, up and down projections at experts[(3 e + j) P], each as
 // its P adjacent weight-table entries (codes, scales, and MLX's biases: P = 3, else 2), the order
@@ -337,10 +338,98 @@ __global__ void __launch_bounds__(256) moe_quant_down_kernel(const float* __rest
     }
 }
 
+// ---- Tensor-core steps: the experts' codes as the MMA's A operand, grouped by expert ----
+// Decode batches pick most experts several times: the per-pair GEMVs then re-read an expert's codes
+// for each of its pairs (Qwen3-30B-A3B int8 at 64 rows: 0.45x the bf16 build's decode). Here the
+// pairs are grouped by expert (moe_gemm.cuh's grouping, chunks of 8 TN pairs) and each (chunk,
+// 16-row tile) item runs quant_mma_kernel's arithmetic (qmma_accumulate: the codes unpacked to bf16
+// in registers, x as bf16 hi + lo, MLX's affine per group; K split over the block's warps, a fixed
+// tree over them), so an expert's codes are read once per chunk, on the tensor cores. Its own
+// regime (the MMA's summation order); a pair's column does not change its bits, so within it a
+// pair's bits do not depend on the other pairs.
+template <int K, int N, class F>
+constexpr bool kMoeQuantMmaFits = K % F::kMmaChunk == 0 && N % detail::kMmaRows == 0;
+template <int K, class F>
+constexpr int kMoeQuantMmaWarps = qmma_warps(K / F::kMmaChunk);
+
+// out[pair][n] = x[pair / XDIV] . W_MAT[n] (SWIGLU: silu(x . W_MAT[n]) * (x . W_MAT+1[n])), with the
+// format's row scale, for every pair of every chunk (as moe_gemm_kernel: a persistent grid over the
+// items, the chunk count read from device memory).
+template <int K, int N, int TN, bool SWIGLU, int XDIV, int MAT, class F>
+__global__ void __launch_bounds__(kMoeQuantMmaWarps<K, F> * kWarp)
+    moe_quant_mma_kernel(const float* __restrict__ x, const void* const* __restrict__ experts, const int32_t* __restrict__ order,
+                         const MoeChunk* __restrict__ chunks, const int32_t* __restrict__ n_chunks, float* __restrict__ out) {
+    using ST = typename F::Scale;
+    constexpr int MT = QMmaShape<F, TN, SWIGLU>::MT, CK = F::kMmaChunk, NW = kMoeQuantMmaWarps<K, F>, CH = K / CK / NW;
+    static_assert(kMoeQuantMmaFits<K, N, F>, "the quantized experts' tensor-core form needs whole chunks of K and 16-row tiles");
+    constexpr int kTiles = N / detail::kMmaRows;
+    __shared__ float red[NW > 1 ? NW / 2 : 1][MT * TN * 4][kWarp];
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    const int g = lane / 4, t = lane % 4;
+    const int c_first = warp * CH;
+    const int items = *n_chunks * kTiles;
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+        const MoeChunk ch = chunks[item / kTiles];
+        const int row0 = (item % kTiles) * detail::kMmaRows;
+        QuantW w[MT];
+        const uint8_t* wrow[MT][2];
+        const ST* srow[MT][2];
+        const ST* brow[MT][2];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            w[m] = qexpert<F>(experts, ch.expert, MAT + m);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int n = row0 + g + 8 * h;
+                wrow[m][h] = static_cast<const uint8_t*>(w[m].q) + size_t(n) * (K / CK * 64) + size_t(c_first) * 64 + 16 * t;
+                if constexpr (F::kAffine) {
+                    const size_t at = size_t(n) * (K / F::kGroup) + size_t(c_first) * (CK / F::kGroup);
+                    srow[m][h] = static_cast<const ST*>(w[m].scales) + at;
+                    brow[m][h] = static_cast<const ST*>(w[m].biases) + at;
+                }
+            }
+        }
+        const float* xr[TN];  // token column n * 8 + g: its pair's x row
+#pragma unroll
+        for (int n = 0; n < TN; ++n) {
+            const int i = n * 8 + g;
+            xr[n] = i < ch.count ? x + size_t(order[ch.first + i] / XDIV) * K : nullptr;
+        }
+        float acc[MT][TN][4], ss[TN];
+        qmma_accumulate<F, TN, false>(wrow, srow, brow, CH, c_first, g, t, [&](int n) { return xr[n]; }, nullptr, acc, ss);
+        qmma_warp_tree<false>(acc, ss, red, NW, warp, lane);
+        if (warp != 0) continue;
+        detail::moe_chunk_outputs<TN, N>(ch, order, out, t, [&](int n, int j, float* o) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = row0 + g + 8 * h;
+                float v[MT];
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    v[m] = acc[m][n][2 * h + j];
+                    if constexpr (!F::kAffine) v[m] *= qrow_scale<F>(w[m].scales, row);  // as qdot_finish
+                }
+                if constexpr (SWIGLU) o[row] = silu(v[0]) * v[1];
+                else o[row] = v[0];
+            }
+        });
+    }
+}
+
+template <int K, int N, int TN, bool SWIGLU, int XDIV, int MAT, class F>
+void launch_moe_quant_mma(const Ctx& c, int max_chunks, const float* x, const void* const* experts, const int32_t* order,
+                          const MoeChunk* chunks, const int32_t* n_chunks, float* out) {
+    constexpr auto kernel = moe_quant_mma_kernel<K, N, TN, SWIGLU, XDIV, MAT, F>;
+    constexpr int threads = kMoeQuantMmaWarps<K, F> * kWarp;
+    static const int resident = detail::resident_blocks(kernel, threads);
+    const int grid = int(std::min<int64_t>(int64_t(max_chunks) * (N / detail::kMmaRows), resident));
+    kernel<<<grid, threads, 0, c.stream>>>(x, experts, order, chunks, n_chunks, out);
+}
+
 // ---- Wide steps: the experts expanded to bf16, then the bf16 grouped GEMM ----
 // A long prompt picks every expert many times: the GEMVs above then re-read each expert's codes
 // once per pair (Qwen3-30B-A3B MLX int4 g64 at 2,048 rows: 0.17x the bf16 build's prefill). From
-// kMoeWidePairsPerExpert pairs per expert, as the bf16 build goes wide, the step instead writes each
+// kMoeQuantExpandPairsPerExpert pairs per expert (moe_quant_form) the step instead writes each
 // picked expert's matrices out in bf16 and runs moe_gemm_rows_kernel over them: the dense quantized
 // linears' prefill (quant_prefill.cuh) applied to the experts.
 //  * MLX affine: w = dequant(q) in float32 as the GEMVs', as bf16 hi + lo (|w - hi - lo| <= 2^-18
@@ -349,12 +438,12 @@ __global__ void __launch_bounds__(256) moe_quant_down_kernel(const float* __rest
 //    epilogue (ROW_SCALE) as the GEMVs apply it: half the bytes to write and read.
 // Its own regime (another summation order): a pair's bits do not depend on the other pairs within it.
 template <int H, int FF>
-constexpr bool kMoeQuantExpandable = H % detail::kMoeRowsStep == 0 && FF % detail::kMoeRowsStep == 0;
+constexpr bool kMoeQuantExpandable = detail::kMoeRowsFits<H, FF>;
 // bf16 matrices per expanded weight matrix: hi and lo (affine), or the codes.
 template <class F>
 constexpr int kMoeQuantExpandParts = F::kAffine ? 2 : 1;
 
-// The expansion's scratch after the grouping's: the bf16 pointer table (3 E), the experts' picked
+// The expansion's scratch after the grouping's (kMoeQuantExpandFloats): the bf16 pointer table (3 E), the experts' picked
 // flags (E), then, 256-byte aligned, the expanded matrices: 3 E x (hi + lo) x H x FF bf16, or 3 E x
 // H x FF codes followed by 3 E x max(H, FF) float32 row scales (no larger, as H FF / 2 >= max(H, FF)).
 // The 128 floats of slack cover both alignments (at most 3 + 63 floats).
@@ -404,14 +493,20 @@ __global__ void __launch_bounds__(256) moe_qexpand_kernel(const void* const* __r
         const int u = (blockIdx.x * kMoeQuantExpandUnits + i) * 256 + threadIdx.x;
         if (u >= kUnits) break;
         const int row = u / (k / 8), k0 = u % (k / 8) * 8;
-        float v[8];
         if constexpr (F::kAffine) {
             const uint32_t word = static_cast<const uint32_t*>(w.q)[u];
             const size_t g = size_t(row) * (k / F::kGroup) + k0 / F::kGroup;  // 8 weights never straddle a group
             const float sc = to_f32(static_cast<const typename F::Scale*>(w.scales)[g]);
             const float b = to_f32(static_cast<const typename F::Scale*>(w.biases)[g]);
+            __align__(16) __nv_bfloat16 h[8], l[8];
 #pragma unroll
-            for (int q = 0; q < 8; ++q) v[q] = fmaf(float((word >> (4 * q)) & 15u), sc, b);  // as qexpand_hi_lo_kernel
+            for (int q = 0; q < 8; ++q) {
+                const float v = fmaf(float((word >> (4 * q)) & 15u), sc, b);  // as qexpand_hi_lo_kernel
+                h[q] = __float2bfloat16_rn(v);
+                l[q] = __float2bfloat16_rn(v - __bfloat162float(h[q]));
+            }
+            reinterpret_cast<uint4*>(hi)[u] = *reinterpret_cast<const uint4*>(h);
+            reinterpret_cast<uint4*>(lo)[u] = *reinterpret_cast<const uint4*>(l);
         } else {
             const uint2 bytes = static_cast<const uint2*>(w.q)[u];
             float q4[2][4];
@@ -423,41 +518,64 @@ __global__ void __launch_bounds__(256) moe_qexpand_kernel(const void* const* __r
             reinterpret_cast<uint4*>(hi)[u] = *reinterpret_cast<const uint4*>(c);
             constexpr int kStride = H > FF ? H : FF;
             if (k0 == 0) s.row_scale[size_t(m) * kStride + row] = qrow_scale<F>(w.scales, row);
-            continue;
         }
-        __align__(16) __nv_bfloat16 h[8], l[8];
-#pragma unroll
-        for (int q = 0; q < 8; ++q) {
-            h[q] = __float2bfloat16_rn(v[q]);
-            l[q] = __float2bfloat16_rn(v[q] - __bfloat162float(h[q]));
-        }
-        reinterpret_cast<uint4*>(hi)[u] = *reinterpret_cast<const uint4*>(h);
-        reinterpret_cast<uint4*>(lo)[u] = *reinterpret_cast<const uint4*>(l);
     }
 }
 
 }  // namespace qdetail
 
-// Whether a step of `pairs` pairs expands the experts (wide, by the row rule, the shape allowing).
-template <int H, int FF, int E>
-inline bool moe_quant_expands(int pairs) {
-    return qdetail::kMoeQuantExpandable<H, FF> && pairs >= kMoeWidePairsPerExpert * E && moe_gemm_mode() == MoeGemmMode::kByRows;
+// The form a step of `pairs` (row, pick) pairs takes, by the average pairs per expert (the H100,
+// Qwen3-30B-A3B's expert shape, us per call, docs/CUDA.md "Session 42"):
+//  * per pair (the GEMVs) below kMoeQuantMmaPairsPerExpert (1): MLX int4 at 16 rows 144 us against
+//    165 per pair, at 8 rows 93 against 92; int8 at 16 rows 184 against 171 with uniform routing,
+//    but the random 30B-A3B's uneven routing decodes at batch 16 1.64x faster (2,471 against 1,503
+//    tok/s): fewer picked experts, so fewer chunks, while the GEMVs' cost follows the pairs;
+//  * the tensor-core form from there (chunks of 8 pairs, or 32 from kMoeWidePairsPerExpert):
+//    64 rows 229 / 279 us (per pair 590 / 541; the bf16 experts' grouped GEMMs 425);
+//  * expanded to bf16 (the bf16 build's wide GEMM) from kMoeQuantExpandPairsPerExpert, where a
+//    step's fixed cost of writing the experts out pays: int8 / fp8 128 (2,048 rows: 3,048 us
+//    against 3,250, the 30B-A3B's int8 prefill 11,609 tok/s against 9,781; 1,024 rows: 2,011 us
+//    against 1,667), MLX int4 512 (4,096 rows: 6,257 against
+//    5,997; the crossover, ~350 pairs per expert, extrapolated from the two forms' slopes, so the
+//    Qwen3-30B-A3B's steps of up to 2,048 tokens never expand and allocate no expansion).
+// SCR_CUDA_MOE_GEMM / moe_gemm_override() force a form; one the shape does not allow falls back to
+// the per-pair GEMVs. The forced expansion is a test hook (moe_gemm_override() 4): its caller
+// sizes the workspace for it (moe_quant_experts_floats counts the expansion only where the rule
+// expands).
+enum class MoeQuantForm { kPerPair, kGroupedGemv, kMma, kExpanded };
+constexpr int kMoeQuantMmaPairsPerExpert = 1;
+template <class F>
+constexpr int kMoeQuantExpandPairsPerExpert = F::kAffine ? 512 : 128;
+template <int H, int FF, int E, class F>
+inline MoeQuantForm moe_quant_form(int pairs) {
+    constexpr bool mma_fits = qdetail::kMoeQuantMmaFits<H, FF, F> && qdetail::kMoeQuantMmaFits<FF, H, F>;
+    constexpr bool expandable = qdetail::kMoeQuantExpandable<H, FF>;
+    switch (moe_gemm_mode()) {
+        case MoeGemmMode::kPerPair: return MoeQuantForm::kPerPair;
+        case MoeGemmMode::kGrouped: return MoeQuantForm::kGroupedGemv;
+        case MoeGemmMode::kQuantMma: return mma_fits ? MoeQuantForm::kMma : MoeQuantForm::kPerPair;
+        case MoeGemmMode::kQuantExpand: return expandable ? MoeQuantForm::kExpanded : MoeQuantForm::kPerPair;
+        case MoeGemmMode::kByRows: break;
+    }
+    if (expandable && pairs >= kMoeQuantExpandPairsPerExpert<F> * E) return MoeQuantForm::kExpanded;
+    if (mma_fits && pairs >= kMoeQuantMmaPairsPerExpert * E) return MoeQuantForm::kMma;
+    return MoeQuantForm::kPerPair;
 }
-// The expansion's floats when steps of up to `rows` rows may expand (else 0).
-template <int H, int FF, int E, int TOPK>
+// The expansion's floats when steps of up to `rows` rows may expand by the rule (else 0).
+template <int H, int FF, int E, int TOPK, class F>
 constexpr int64_t moe_quant_expand_floats(int64_t rows) {
-    const bool may_expand = qdetail::kMoeQuantExpandable<H, FF> && rows * TOPK >= kMoeWidePairsPerExpert * E;
+    const bool may_expand = qdetail::kMoeQuantExpandable<H, FF> && rows * TOPK >= kMoeQuantExpandPairsPerExpert<F> * E;
     return may_expand ? qdetail::kMoeQuantExpandFloats<H, FF, E> : 0;
 }
 // The quantized experts' workspace (floats): moe_experts_floats plus the expansion's.
-template <int H, int FF, int E, int TOPK>
+template <int H, int FF, int E, int TOPK, class F>
 constexpr int64_t moe_quant_experts_floats(int64_t rows) {
-    return moe_experts_floats<H, FF, E, TOPK>(rows) + moe_quant_expand_floats<H, FF, E, TOPK>(rows);
+    return moe_experts_floats<H, FF, E, TOPK>(rows) + moe_quant_expand_floats<H, FF, E, TOPK, F>(rows);
 }
 // moe_workspace_floats for quantized experts (the CUDA emitter sizes the model's MoE workspace by it).
-template <int H, int FF, int E, int TOPK>
+template <int H, int FF, int E, int TOPK, class F>
 constexpr int64_t moe_quant_workspace_floats(int64_t rows) {
-    return moe_workspace_floats<H, FF, E, TOPK>(rows) + moe_quant_expand_floats<H, FF, E, TOPK>(rows);
+    return moe_workspace_floats<H, FF, E, TOPK>(rows) + moe_quant_expand_floats<H, FF, E, TOPK, F>(rows);
 }
 
 // The experts of every (row, pick) pair and their weighted sum per row (+ residual), given the
@@ -469,35 +587,39 @@ void moe_quant_experts(const Ctx& c, int rows, const float* x, const void* const
     float* act = ws + (4 - (reinterpret_cast<uintptr_t>(ws) / 4) % 4) % 4;
     float* y = act + size_t(rows) * TOPK * FF;
     const int pairs = rows * TOPK;
-    if constexpr (qdetail::kMoeQuantExpandable<H, FF>) {
-        if (moe_quant_expands<H, FF, E>(pairs)) {
-            float* group = y + size_t(pairs) * H;
+    float* group = y + size_t(pairs) * H;
+    const MoeQuantForm form = moe_quant_form<H, FF, E, F>(pairs);
+    if (form == MoeQuantForm::kExpanded) {
+        if constexpr (qdetail::kMoeQuantExpandable<H, FF>) {
             constexpr int WP = qdetail::kMoeQuantExpandParts<F>;
-            constexpr bool kRowScale = !F::kAffine;
             const qdetail::MoeQuantExpandScratch xs = qdetail::moe_qexpand_scratch<H, FF, E>(group + moe_group_floats<E>(pairs));
             qdetail::moe_qexpand_pick_kernel<H, FF, E, WP><<<1, 1024, 0, c.stream>>>(pairs, top_id, xs);
             constexpr int kBlocks = ceil_div(H * FF / 8, 256 * qdetail::kMoeQuantExpandUnits);
             qdetail::moe_qexpand_kernel<H, FF, F><<<dim3(kBlocks, 3 * E), 256, 0, c.stream>>>(experts, xs);
-            const auto [order, n_chunks, chunks] = moe_group_scratch(group, pairs);
-            constexpr int CR = detail::moe_chunk_pairs(4);
-            detail::moe_group_kernel<E, CR><<<1, 1024, 0, c.stream>>>(pairs, top_id, order, chunks, n_chunks);
-            const int max_chunks = std::min(pairs, pairs / CR + E);
-            detail::launch_moe_gemm_rows<H, FF, 4, true, TOPK, 0, WP, kRowScale>(c, max_chunks, x, xs.table, order, chunks, n_chunks, act,
-                                                                               xs.row_scale);
-            detail::launch_moe_gemm_rows<FF, H, 4, false, 1, 2, WP, kRowScale>(c, max_chunks, act, xs.table, order, chunks, n_chunks, y,
-                                                                              xs.row_scale);
-            detail::moe_combine_kernel<H, TOPK><<<dim3(ceil_div(H, 128), rows), 128, 0, c.stream>>>(rows, top_id, top_w, y, residual, out);
-            return;
+            moe_experts_wide_rows<H, FF, E, TOPK, WP, !F::kAffine>(c, pairs, x, xs.table, top_id, act, y, group, xs.row_scale);
         }
-    }
-    // Per pair unless the grouped form is forced (SCR_CUDA_MOE_GEMM=1, moe_gemm_override() = 1): on
-    // the H100 the grouped GEMVs were slower than the per-pair ones at every batch measured (1-2,048
-    // rows at Qwen3-30B-A3B's shape, int8 and MLX int4 g64: docs/CUDA.md "Session 39"); they stay
-    // for the A/B and the bit-for-bit check (per-pair blocks in expert order, tried in session 40,
-    // were no faster). The two forms give the same bits.
-    if (moe_gemm_mode() == MoeGemmMode::kGrouped) {
+    } else if (form == MoeQuantForm::kMma) {
+        if constexpr (qdetail::kMoeQuantMmaFits<H, FF, F> && qdetail::kMoeQuantMmaFits<FF, H, F>) {
+            const auto [order, n_chunks, chunks] = moe_group_scratch(group, pairs);
+            auto run = [&]<int TN>() {
+                constexpr int CR = detail::moe_chunk_pairs(TN);
+                detail::moe_group_kernel<E, CR><<<1, 1024, 0, c.stream>>>(pairs, top_id, order, chunks, n_chunks);
+                const int max_chunks = std::min(pairs, pairs / CR + E);
+                qdetail::launch_moe_quant_mma<H, FF, TN, true, TOPK, 0, F>(c, max_chunks, x, experts, order, chunks, n_chunks, act);
+                qdetail::launch_moe_quant_mma<FF, H, TN, false, 1, 2, F>(c, max_chunks, act, experts, order, chunks, n_chunks, y);
+            };
+            // Wide chunks (32 pairs: each weight tile feeds 4 token tiles) once experts average 16+ pairs.
+            if (pairs >= kMoeWidePairsPerExpert * E) run.template operator()<4>();
+            else run.template operator()<1>();
+        }
+    } else if (form == MoeQuantForm::kGroupedGemv) {
+        // Forced only (SCR_CUDA_MOE_GEMM=1, moe_gemm_override() = 1): on the H100 the grouped GEMVs
+        // were slower than the per-pair ones at every batch measured (1-2,048 rows at Qwen3-30B-A3B's
+        // shape, int8 and MLX int4 g64: docs/CUDA.md "Session 39"); they stay for the A/B and the
+        // bit-for-bit check (per-pair blocks in expert order, tried in session 40, were no faster).
+        // The two forms give the same bits.
         constexpr int CR = qdetail::kMoeQuantChunk;
-        const MoeGroupScratch gs = moe_group_scratch(y + size_t(pairs) * H, pairs);
+        const MoeGroupScratch gs = moe_group_scratch(group, pairs);
         const int max_chunks = std::min(pairs, pairs / CR + E);
         detail::moe_group_kernel<E, CR><<<1, 1024, 0, c.stream>>>(pairs, top_id, gs.order, gs.chunks, gs.n_chunks);
         const qdetail::MoeQuantPairs src{top_id, gs.order, gs.chunks, gs.n_chunks};

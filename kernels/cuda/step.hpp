@@ -34,7 +34,9 @@ inline int& moe_route_override() {
 }
 
 // MoE expert MLPs (kernels/cuda/moe_gemm.cuh, moe_gemm_wanted): -1: SCR_CUDA_MOE_GEMM or the row
-// rule decides, 0: per-(row, expert) GEMVs, 1: grouped GEMMs where the experts' dtype and shapes allow.
+// rule decides, 0: per-(row, expert) GEMVs, 1: grouped GEMMs where the experts' dtype and shapes allow,
+// 3: quantized experts on their tensor-core form, 4: expanded to bf16, where the shapes allow
+// (MoeGemmMode; the caller's workspace must hold the expansion).
 inline int& moe_gemm_override() {
     static int v = -1;
     return v;

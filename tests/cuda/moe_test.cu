@@ -14,8 +14,9 @@
 // Shapes: a small one, the tiny Qwen3-MoE fixture's (H 96, F 64, 4 experts, top 2) and
 // Qwen3-30B-A3B's (H 2048, F 768, 128 experts, top 8). Then the quantized experts (moe_quant.cuh:
 // MLX int4 g32 / g64 / g128, int8, fp8 per channel and per tensor) against float64 and alone vs
-// in a batch, and their wide steps (the experts expanded to bf16 hi + lo) against float64 and with
-// the rows reversed. Then (unless --no-bench) the time per call at Qwen3-30B-A3B's shape: the quantized
+// in a batch, their tensor-core form (forced at every row count) against float64 and alone vs in a
+// batch, and their wide steps (the experts expanded to bf16 hi + lo) against float64 and with the
+// rows reversed. Then (unless --no-bench) the time per call at Qwen3-30B-A3B's shape: the quantized
 // experts (per pair and grouped) beside the bf16 ones, and both bf16 implementations, for 1 to 2,048 rows.
 // Exit: 0 all checks passed, 1 a check failed, 77 no GPU (ctest skips).
 #include <cuda_runtime_api.h>
@@ -410,7 +411,11 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
             const int stride = rows <= 16 ? 1 : rows / 8;
             for (int i = 0; i < rows; i += stride) check.push_back(i);
             if (check.back() != rows - 1) check.push_back(rows - 1);
-            Launch<H, F, E, K> L(rows, moe_quant_experts_floats<H, F, E, K>(rows)), one(1, moe_quant_experts_floats<H, F, E, K>(1));
+            // Wide rows (16+ pairs per expert, the bf16 build's wide steps) also run the expanded form,
+            // forced (moe_gemm_override() 4), so their workspace holds the expansion.
+            const bool expands = qdetail::kMoeQuantExpandable<H, F> && rows * K >= kMoeWidePairsPerExpert * E;
+            const int64_t ws = moe_quant_experts_floats<H, F, E, K, Q>(rows) + (expands ? qdetail::kMoeQuantExpandFloats<H, F, E> : 0);
+            Launch<H, F, E, K> L(rows, ws), one(1, moe_quant_experts_floats<H, F, E, K, Q>(1));
             auto launch = [&](Launch<H, F, E, K>& l, int n) {
                 CK(cudaMemset(l.out, 0xff, size_t(n) * H * 4));  // NaN
                 moe_quant_experts<H, F, E, K, Q>(c, n, l.x, s.table, l.ids, l.tw, l.res, l.out, l.ws);
@@ -450,21 +455,39 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
             double worst = 0.0;
             int bad = 0, differ = 0;
             against_reference(got, "", bad, worst);
-            for (const int i : check) {
-                CK(cudaMemcpy(one.x, &x[size_t(i) * H], H * 4, cudaMemcpyHostToDevice));
-                CK(cudaMemcpy(one.res, &res[size_t(i) * H], H * 4, cudaMemcpyHostToDevice));
-                CK(cudaMemcpy(one.ids, &r.ids[size_t(i) * K], K * 4, cudaMemcpyHostToDevice));
-                CK(cudaMemcpy(one.tw, &r.weights[size_t(i) * K], K * 4, cudaMemcpyHostToDevice));
-                const std::vector<float> alone = launch(one, 1);
-                differ += std::memcmp(alone.data(), &got[size_t(i) * H], H * 4) != 0;
+            // Checked row i launched alone: rows of `batch` whose bits differ from it.
+            auto alone_differ = [&](const std::vector<float>& batch) {
+                int n = 0;
+                for (const int i : check) {
+                    CK(cudaMemcpy(one.x, &x[size_t(i) * H], H * 4, cudaMemcpyHostToDevice));
+                    CK(cudaMemcpy(one.res, &res[size_t(i) * H], H * 4, cudaMemcpyHostToDevice));
+                    CK(cudaMemcpy(one.ids, &r.ids[size_t(i) * K], K * 4, cudaMemcpyHostToDevice));
+                    CK(cudaMemcpy(one.tw, &r.weights[size_t(i) * K], K * 4, cudaMemcpyHostToDevice));
+                    const std::vector<float> alone = launch(one, 1);
+                    n += std::memcmp(alone.data(), &batch[size_t(i) * H], H * 4) != 0;
+                }
+                return n;
+            };
+            differ = alone_differ(got);
+            // The tensor-core form (forced, so at every row count): against the reference with the same
+            // bound, and each checked row alone in it: the same bits.
+            constexpr bool kMmaFits = qdetail::kMoeQuantMmaFits<H, F, Q> && qdetail::kMoeQuantMmaFits<F, H, Q>;
+            int bad_mma = 0, mma_differ = 0;
+            double worst_mma = 0.0;
+            if constexpr (kMmaFits) {
+                moe_gemm_override() = 3;
+                const std::vector<float> mma = launch(L, rows);
+                against_reference(mma, " (tensor cores)", bad_mma, worst_mma);
+                mma_differ = alone_differ(mma);
+                moe_gemm_override() = -1;
             }
-            // Wide steps by default: the experts expanded to bf16 and the grouped GEMM (a regime of its
-            // own): against the reference with the same bound, and the rows reversed (every pair in
-            // another chunk and column) give each row the same bits.
-            const bool expands = moe_quant_expands<H, F, E>(rows * K);
+            // The experts expanded to bf16 and the grouped GEMM (a regime of its own; by default only
+            // from kMoeQuantExpandPairsPerExpert): against the reference with the same bound, and the
+            // rows reversed (every pair in another chunk and column) give each row the same bits.
             int bad_wide = 0, wide_differ = 0;
             double worst_wide = 0.0;
             if (expands) {
+                moe_gemm_override() = 4;
                 const std::vector<float> wide = launch(L, rows);
                 against_reference(wide, " (expanded)", bad_wide, worst_wide);
                 std::vector<float> xr(x.size()), rr(res.size());
@@ -482,13 +505,17 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
                 const std::vector<float> reversed = launch(L, rows);
                 for (int i = 0; i < rows; ++i)
                     wide_differ += std::memcmp(&reversed[size_t(rows - 1 - i) * H], &wide[size_t(i) * H], H * 4) != 0;
+                moe_gemm_override() = -1;
             }
-            const bool ok = bad == 0 && differ == 0 && forms_differ == 0 && bad_wide == 0 && wide_differ == 0;
+            const bool ok = bad == 0 && differ == 0 && forms_differ == 0 && bad_wide == 0 && wide_differ == 0 && bad_mma == 0 && mma_differ == 0;
             failures += !ok;
             std::printf("%s %s, %d rows %s (%zu checked): quantized experts %s (worst err/bound %.2e), grouped vs per-pair %s, "
                         "rows alone %s",
                         ok ? "ok  " : "FAIL", s.name, rows, skewed ? "skewed" : "uniform", check.size(), bad ? "FAIL" : "pass", worst,
                         forms_differ ? "DIFFER" : "same bits", differ ? "DIFFER" : "same bits");
+            if (kMmaFits)
+                std::printf("; tensor cores %s (worst err/bound %.2e), rows alone %s", bad_mma ? "FAIL" : "pass", worst_mma,
+                            mma_differ ? "DIFFER" : "same bits");
             if (expands)
                 std::printf("; expanded %s (worst err/bound %.2e), rows reversed %s", bad_wide ? "FAIL" : "pass", worst_wide,
                             wide_differ ? "DIFFER" : "same bits");
@@ -502,8 +529,8 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
 template <int H, int F, int E, int K, class Q>
 void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s, const char* fmt, cudaStream_t st) {
     std::printf("\n%s, %s experts, us per call (events, mean after one warm-up; uniform routing):\n", q.name, fmt);
-    std::printf("| rows | pairs | %s per-pair GEMVs | %s grouped GEMVs | %s default | bf16 per-pair GEMVs | bf16 grouped GEMMs |\n"
-                "|---:|---:|---:|---:|---:|---:|---:|\n", fmt, fmt, fmt);
+    std::printf("| rows | pairs | %s per-pair GEMVs | %s grouped GEMVs | %s tensor cores | %s expanded | %s default | bf16 per-pair GEMVs | "
+                "bf16 grouped GEMMs |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", fmt, fmt, fmt, fmt, fmt);
     std::mt19937 rng(77);
     std::uniform_real_distribution<float> xd(-1.0f, 1.0f);
     Ctx c;
@@ -511,21 +538,25 @@ void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
-    for (const int rows : {1, 4, 16, 64, 256, 2048}) {
-        Launch<H, F, E, K> L(rows, moe_quant_experts_floats<H, F, E, K>(rows));
+    for (const int rows : {1, 4, 8, 16, 32, 64, 128, 256, 1024, 2048, 4096}) {
+        const bool expands = rows * K >= kMoeWidePairsPerExpert * E;
+        Launch<H, F, E, K> L(rows, moe_quant_experts_floats<H, F, E, K, Q>(rows) + qdetail::kMoeQuantExpandFloats<H, F, E>);
         std::vector<float> x(size_t(rows) * H);
         for (auto& v : x) v = xd(rng);
         const Routing r = make_routing<E, K>(rows, false, rng);
         L.upload(x, x, r);
-        double us[5];
-        // quantized per pair, grouped, default (the row rule: wide steps expanded); bf16 per pair, grouped
-        for (int path = 0; path < 5; ++path) {
+        // quantized per pair, grouped GEMVs, tensor cores, expanded (wide rows), default (the row
+        // rules); bf16 per pair, grouped
+        constexpr int kOverride[7] = {0, 1, 3, 4, -1, 0, 1};
+        double us[7] = {};
+        for (int path = 0; path < 7; ++path) {
+            if (path == 3 && !expands) continue;
             auto one = [&] {
-                if (path < 3) moe_quant_experts<H, F, E, K, Q>(c, rows, L.x, q.table, L.ids, L.tw, L.res, L.out, L.ws);
+                if (path < 5) moe_quant_experts<H, F, E, K, Q>(c, rows, L.x, q.table, L.ids, L.tw, L.res, L.out, L.ws);
                 else L.run(c, s, rows);
             };
-            moe_gemm_override() = path == 2 ? -1 : path < 2 ? path : path - 3;
-            const int iters = rows >= 2048 ? 2 : rows >= 256 ? 5 : 20;
+            moe_gemm_override() = kOverride[path];
+            const int iters = rows >= 1024 ? 2 : rows >= 256 ? 5 : 20;
             one();
             CK(cudaEventRecord(a, st));
             for (int i = 0; i < iters; ++i) one();
@@ -536,7 +567,10 @@ void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s
             us[path] = 1000.0 * ms / iters;
         }
         moe_gemm_override() = -1;
-        std::printf("| %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", rows, rows * K, us[0], us[1], us[2], us[3], us[4]);
+        char expanded[32] = "-";
+        if (expands) std::snprintf(expanded, sizeof expanded, "%.1f", us[3]);
+        std::printf("| %d | %d | %.1f | %.1f | %.1f | %s | %.1f | %.1f | %.1f |\n", rows, rows * K, us[0], us[1], us[2], expanded, us[4],
+                    us[5], us[6]);
     }
     cudaEventDestroy(a);
     cudaEventDestroy(b);
@@ -609,12 +643,14 @@ int main(int argc, char** argv) try {
         failures += check_quant_shape(f8t, st, {1, 5});
         const QShape<256, 128, 16, 4, qdetail::MlxInt4<128, B>> g128("H256 F128 E16 top4 MLX int4 g128", 35);
         failures += check_quant_shape(g128, st, {1, 8, 40, 80});  // 80 rows: wide (expanded)
+        const QShape<256, 128, 16, 4, qdetail::MlxInt4<32, B>> g32("H256 F128 E16 top4 MLX int4 g32", 41);
+        failures += check_quant_shape(g32, st, {8});  // the tensor-core form's four groups per chunk
         const QShape<256, 128, 16, 4, qdetail::Int8Channel<B>> i8w("H256 F128 E16 top4 int8", 38);
-        failures += check_quant_shape(i8w, st, {80});
+        failures += check_quant_shape(i8w, st, {8, 80});
         const QShape<256, 128, 16, 4, qdetail::Fp8E4M3<B, false>> f8w("H256 F128 E16 top4 fp8", 39);
-        failures += check_quant_shape(f8w, st, {80});
+        failures += check_quant_shape(f8w, st, {8, 80});
         const QShape<256, 128, 16, 4, qdetail::Fp8E4M3<B, true>> f8tw("H256 F128 E16 top4 fp8 per tensor", 40);
-        failures += check_quant_shape(f8tw, st, {80});
+        failures += check_quant_shape(f8tw, st, {8, 80});
     }
     {
         const QShape<2048, 768, 128, 8, qdetail::MlxInt4<64, B>> q("H2048 F768 E128 top8 MLX int4 g64 (Qwen3-30B-A3B)", 36);
