@@ -17,7 +17,8 @@
 // in a batch, their tensor-core form (forced at every row count) against float64 and alone vs in a
 // batch, and their wide steps (the experts expanded to bf16 hi + lo) against float64 and with the
 // rows reversed. Then (unless --no-bench) the time per call at Qwen3-30B-A3B's shape: the quantized
-// experts (per pair and grouped) beside the bf16 ones, and both bf16 implementations, for 1 to 2,048 rows.
+// experts in each form (per pair, grouped GEMVs, tensor cores, expanded, the default rule) beside the
+// bf16 ones for 1 to 4,096 rows, and both bf16 implementations for 1 to 2,048 rows.
 // Exit: 0 all checks passed, 1 a check failed, 77 no GPU (ctest skips).
 #include <cuda_runtime_api.h>
 
