@@ -874,10 +874,7 @@ constexpr int kAttentionManyRowsWarps = 4;
 // default only).
 inline bool attention_vec_on() {
     if (attention_vec_override() >= 0) return attention_vec_override() == 1;
-    static const bool on = [] {
-        const char* e = std::getenv("SCR_CUDA_ATTN_VEC");
-        return !(e && e[0] == '0');
-    }();
+    static const bool on = env_flag_switch("SCR_CUDA_ATTN_VEC", true);
     return on;
 }
 
@@ -960,10 +957,7 @@ inline int attention_split_max_blocks() {
 // SCR_CUDA_ROPE_ATTN=0: RoPE + KV append and attention as two launches in every step (kept for
 // A/B runs); by default one launch (rope_attention_kernel) where every sequence has one token.
 inline bool rope_attention_fused_on() {
-    static const bool on = [] {
-        const char* e = std::getenv("SCR_CUDA_ROPE_ATTN");
-        return !(e && e[0] == '0');
-    }();
+    static const bool on = env_flag_switch("SCR_CUDA_ROPE_ATTN", true);
     return on;
 }
 

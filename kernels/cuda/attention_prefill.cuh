@@ -234,10 +234,7 @@ __global__ void __launch_bounds__((HQ / HKV) * kWarp)
 // attention_prefill_override() (kernels/cuda/step.hpp): 0 keys kernel, 1 tensor cores.
 inline bool attention_prefill_mma_on() {
     if (attention_prefill_override() >= 0) return attention_prefill_override() == 1;
-    static const bool on = [] {
-        const char* e = std::getenv("SCR_CUDA_ATTN_PREFILL");
-        return !(e && std::strcmp(e, "keys") == 0);
-    }();
+    static const bool on = env_choice_switch("SCR_CUDA_ATTN_PREFILL", true, {{"mma", true}, {"keys", false}}, "mma");
     return on;
 }
 

@@ -159,13 +159,9 @@ inline int device_sm_count() {
     return sms;
 }
 inline PdlTrigger pdl_trigger_choice(const char* env, PdlTrigger fallback) {
-    const char* e = std::getenv(env);
-    if (!e || !*e) return fallback;
-    if (std::strcmp(e, "wait") == 0) return PdlTrigger::after_wait;
-    if (std::strcmp(e, "start") == 0) return PdlTrigger::start;
-    if (std::strcmp(e, "loop") == 0) return PdlTrigger::after_loop;
-    std::fprintf(stderr, "scr: %s=%s is not one of start, wait, loop; using the default\n", env, e);
-    return fallback;
+    return env_choice_switch(env, fallback,
+                             {{"start", PdlTrigger::start}, {"wait", PdlTrigger::after_wait}, {"loop", PdlTrigger::after_loop}},
+                             "the default");
 }
 
 // ---- L2 prefetch of upcoming weights (issue #6) ----
@@ -193,10 +189,7 @@ inline int64_t l2_prefetch_budget(L2Site site) {
         const char* e = std::getenv(name);
         return int64_t((e ? std::atof(e) : fallback) * 1048576.0);
     };
-    static const bool on = [] {
-        const char* e = std::getenv("SCR_CUDA_L2_PREFETCH");
-        return e && e[0] == '1';
-    }();
+    static const bool on = env_flag_switch("SCR_CUDA_L2_PREFETCH", false);
     static const int64_t attention = megabytes("SCR_CUDA_L2_PREFETCH_MB", 12);
     static const int64_t gemv = megabytes("SCR_CUDA_L2_PREFETCH_NEXT_MB", 0);
     if (!on) return 0;
@@ -207,10 +200,7 @@ inline int64_t l2_prefetch_budget(L2Site site) {
 // latency-bound) instead of competing with its loads; SCR_CUDA_L2_PREFETCH_WAIT=0: they issue at
 // once (measured 1-2 % slower end to end).
 inline bool l2_prefetch_after_wait() {
-    static const bool on = [] {
-        const char* e = std::getenv("SCR_CUDA_L2_PREFETCH_WAIT");
-        return !(e && e[0] == '0');
-    }();
+    static const bool on = env_flag_switch("SCR_CUDA_L2_PREFETCH_WAIT", true);
     return on;
 }
 

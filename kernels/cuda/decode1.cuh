@@ -783,10 +783,7 @@ __global__ void __launch_bounds__(M::NW * kWarp, 1) decode1_kernel(const __grid_
 // tests flip decode1_override() (kernels/cuda/step.hpp).
 inline bool decode1_on() {
     if (decode1_override() >= 0) return decode1_override() == 1;
-    static const bool on = [] {
-        const char* e = std::getenv("SCR_CUDA_DECODE1");
-        return e && e[0] == '1';
-    }();
+    static const bool on = env_flag_switch("SCR_CUDA_DECODE1", false);
     return on;
 }
 
@@ -860,10 +857,7 @@ bool decode1(const Ctx& c, const typename M::Params& p) {
         cudaGetLastError();
         return false;
     }
-    static const bool trace = [] {
-        const char* e = std::getenv("SCR_CUDA_DECODE1_TRACE");
-        return e && e[0] == '1';
-    }();
+    static const bool trace = env_flag_switch("SCR_CUDA_DECODE1_TRACE", false);
     if (trace) {
         d1::TraceBuf& b = d1::TraceBuf::get();
         if (!b.dev) {

@@ -94,10 +94,7 @@ __global__ void rmsnorm_warp_kernel(int rows, const float* x, const float* __res
 // SCR_CUDA_FUSED_SPLIT=0: the batched-decode / prefill path as it was before the fused norm + split
 // (docs/CUDA.md): the warp-per-row RMSNorm, and one hi/lo split and closing pass per cuBLASLt matrix.
 inline bool fused_split_on() {
-    static const bool on = [] {
-        const char* e = std::getenv("SCR_CUDA_FUSED_SPLIT");
-        return !(e && std::strcmp(e, "0") == 0);
-    }();
+    static const bool on = env_flag_switch("SCR_CUDA_FUSED_SPLIT", true);
     return on;
 }
 

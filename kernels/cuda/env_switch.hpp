@@ -4,6 +4,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+#include <string>
+#include <type_traits>
+#include <utility>
 
 namespace scr::kernels::cuda {
 
@@ -22,6 +27,38 @@ long long env_int_switch(const char* name, long long fallback, Valid valid, cons
     if (fallback_name) std::fprintf(stderr, "scr: %s=%s is not %s; using %s\n", name, e, allowed, fallback_name);
     else std::fprintf(stderr, "scr: %s=%s is not %s; using %lld\n", name, e, allowed, fallback);
     return fallback;
+}
+
+// One switch with named values (e.g. SCR_CUDA_MOE_GEMM=0 | 1 | mma): unset or empty gives `fallback`
+// quietly; one of `choices`' texts gives its value; anything else is named on stderr with the texts
+// allowed and gives `fallback` (called `fallback_name`), never a silent guess.
+template <class T>
+T env_choice_switch(const char* name, T fallback, std::initializer_list<std::pair<const char*, std::type_identity_t<T>>> choices,
+                    const char* fallback_name) {
+    const char* e = std::getenv(name);
+    if (!e || !*e) return fallback;
+    std::string allowed;
+    for (const auto& [text, value] : choices) {
+        if (std::strcmp(e, text) == 0) return value;
+        allowed += (allowed.empty() ? "" : ", ") + std::string(text);
+    }
+    std::fprintf(stderr, "scr: %s=%s is not one of %s; using %s\n", name, e, allowed.c_str(), fallback_name);
+    return fallback;
+}
+
+// An on / off switch: 0 or 1, else as env_choice_switch.
+inline bool env_flag_switch(const char* name, bool fallback) {
+    return env_choice_switch(name, fallback, {{"0", false}, {"1", true}}, fallback ? "1" : "0");
+}
+
+// SCR_CUDA_PREFILL (A/B runs): the GEMM above the decode regime; read by the kernels (linear.cuh)
+// and the cuBLASLt wrapper (runtime/cuda/prefill_gemm.cu), once per process.
+enum class PrefillGemm { cublaslt, mma, wmma };
+inline PrefillGemm prefill_gemm_choice() {
+    static const PrefillGemm v = env_choice_switch(
+        "SCR_CUDA_PREFILL", PrefillGemm::cublaslt,
+        {{"cublaslt", PrefillGemm::cublaslt}, {"mma", PrefillGemm::mma}, {"wmma", PrefillGemm::wmma}}, "cublaslt");
+    return v;
 }
 
 }  // namespace scr::kernels::cuda

@@ -296,10 +296,7 @@ inline PdlTrigger gemv_trigger() {
 // the previous tile is summed and stored (the kernel before session 11), instead of right after the
 // previous tile's last products, so that they fly during its butterflies, barrier and stores.
 inline bool gemv_prefetch_next_tile() {
-    static const bool on = [] {
-        const char* e = std::getenv("SCR_CUDA_GEMV_NEXT");
-        return !(e && e[0] == '0');
-    }();
+    static const bool on = env_flag_switch("SCR_CUDA_GEMV_NEXT", true);
     return on;
 }
 
@@ -757,13 +754,11 @@ struct GemvVariant {
     bool persistent = true;
 };
 inline GemvVariant gemv_variant_from_env() {
-    static const GemvVariant v = [] {
-        const char* e = std::getenv("SCR_CUDA_GEMV");
-        const std::string s = e ? e : "";
-        if (s == "row") return GemvVariant{1, false};
-        if (s == "rows") return GemvVariant{4, false};
-        return GemvVariant{4, true};
-    }();
+    static const GemvVariant v = env_choice_switch("SCR_CUDA_GEMV", GemvVariant{4, true},
+                                                   {{"persistent", GemvVariant{4, true}},
+                                                    {"rows", GemvVariant{4, false}},
+                                                    {"row", GemvVariant{1, false}}},
+                                                   "persistent");
     return v;
 }
 
@@ -801,14 +796,15 @@ void launch_gemv(const Ctx& c, const LinearParams& p) {
 
 // The MMA linear, off with SCR_CUDA_LINEAR=simt (the float32 GEMV below; kept for A/B runs).
 // SCR_CUDA_PREFILL=mma also sends more than kMmaMaxRows rows through it (instead of cuBLASLt).
-inline bool env_is(const char* name, const char* value) {
-    const char* e = std::getenv(name);
-    return e && std::strcmp(e, value) == 0;
+enum class LinearMode { rule, mma, gemv_to_8, simt };
+inline LinearMode linear_mode() {
+    static const LinearMode m = env_choice_switch(
+        "SCR_CUDA_LINEAR", LinearMode::rule,
+        {{"rule", LinearMode::rule}, {"mma", LinearMode::mma}, {"gemv-to-8", LinearMode::gemv_to_8}, {"simt", LinearMode::simt}},
+        "the rule");
+    return m;
 }
-inline bool mma_linear_on() {
-    static const bool on = !env_is("SCR_CUDA_LINEAR", "simt");
-    return on;
-}
+inline bool mma_linear_on() { return linear_mode() != LinearMode::simt; }
 // Token rows the MMA linear takes by default: from 2 up to cuBLASLt's threshold
 // (cuda_rt::cublas_min_rows(), 33). At one row the float32 GEMV, whose many small blocks keep more
 // weight bytes in flight, is faster (8B: 246 against 206 tok/s); from 2 rows its float32 work per
@@ -819,13 +815,10 @@ inline bool mma_linear_on() {
 // the GEMV, the regime before session 27 (for A/B runs only: the attention split stays at one row).
 constexpr int kMmaMinRows = kGemvRegimeRows + 1, kMmaMaxRows = 256;
 inline int mma_min_rows() {
-    static const int n = env_is("SCR_CUDA_LINEAR", "mma") ? 1 : env_is("SCR_CUDA_LINEAR", "gemv-to-8") ? 9 : kMmaMinRows;
-    return n;
+    const LinearMode m = linear_mode();
+    return m == LinearMode::mma ? 1 : m == LinearMode::gemv_to_8 ? 9 : kMmaMinRows;
 }
-inline bool mma_prefill_on() {
-    static const bool on = env_is("SCR_CUDA_PREFILL", "mma");
-    return on;
-}
+inline bool mma_prefill_on() { return prefill_gemm_choice() == PrefillGemm::mma; }
 
 template <int K, bool SWIGLU, bool NORM, int TN>
 void launch_mma(const Ctx& c, const LinearParams& p) {

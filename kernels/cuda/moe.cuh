@@ -217,10 +217,7 @@ __global__ void moe_combine_kernel(int rows, const int32_t* __restrict__ top_id,
 // or the tests' moe_route_override().
 inline bool moe_route_serial() {
     if (moe_route_override() >= 0) return moe_route_override() == 1;
-    static const bool serial = [] {
-        const char* e = std::getenv("SCR_CUDA_MOE_ROUTE");
-        return e && std::strcmp(e, "serial") == 0;
-    }();
+    static const bool serial = env_choice_switch("SCR_CUDA_MOE_ROUTE", false, {{"warp", false}, {"serial", true}}, "warp");
     return serial;
 }
 

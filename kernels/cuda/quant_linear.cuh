@@ -658,7 +658,7 @@ __device__ __forceinline__ void qmma_accumulate(const uint8_t* const (&wrow)[MT]
     constexpr int U = S::U;
     constexpr int CK = F::kMmaChunk;
     static_assert(S::MT == MT, "the tiles of QMmaShape");
-    #pragma unroll
+#pragma unroll
     for (int n = 0; n < TN; ++n) ss[n] = 0.0f;
 
 #pragma unroll
@@ -1722,14 +1722,13 @@ namespace scr::kernels::cuda {
 enum class QuantGemvPath { automatic, simt, mma, smem, smem1, tc1 };
 
 inline QuantGemvPath quant_gemv_mode() {
-    static const QuantGemvPath mode = [] {
-        const char* e = std::getenv("SCR_CUDA_QUANT_GEMV");
-        if (e && std::strcmp(e, "simt") == 0) return QuantGemvPath::simt;
-        if (e && std::strcmp(e, "smem") == 0) return QuantGemvPath::smem;
-        if (e && std::strcmp(e, "mma") == 0) return QuantGemvPath::mma;
-        if (e && std::strcmp(e, "smem1") == 0) return QuantGemvPath::smem1;
-        return QuantGemvPath::tc1;
-    }();
+    static const QuantGemvPath mode = env_choice_switch("SCR_CUDA_QUANT_GEMV", QuantGemvPath::tc1,
+                                                        {{"tc1", QuantGemvPath::tc1},
+                                                         {"smem1", QuantGemvPath::smem1},
+                                                         {"mma", QuantGemvPath::mma},
+                                                         {"smem", QuantGemvPath::smem},
+                                                         {"simt", QuantGemvPath::simt}},
+                                                        "tc1");
     return mode;
 }
 
@@ -1744,12 +1743,7 @@ inline QuantGemvPath quant_gemv_mode() {
 // take one row.
 template <class F>
 bool quant_swiglu_grouped(int rows) {
-    static const bool on = [] {
-        const char* e = std::getenv("SCR_CUDA_QUANT_TC1_SWIGLU");
-        if (e && *e && std::strcmp(e, "fused") != 0 && std::strcmp(e, "grouped") != 0)
-            std::fprintf(stderr, "scr: SCR_CUDA_QUANT_TC1_SWIGLU=%s is not grouped or fused; using grouped\n", e);
-        return !(e && std::strcmp(e, "fused") == 0);
-    }();
+    static const bool on = env_choice_switch("SCR_CUDA_QUANT_TC1_SWIGLU", true, {{"grouped", true}, {"fused", false}}, "grouped");
     return F::kAffine && on && rows >= 2 && rows <= qdetail::qmma1_max_rows() && quant_gemv_mode() == QuantGemvPath::tc1 &&
            qdetail::qmma1_variant() == qdetail::QMma1Variant::wide2;
 }

@@ -600,16 +600,13 @@ inline int qmma1_parts_override() {
 // (sessions 7-23; see PRED). docs/CUDA.md "Session 10", "Session 12", "Session 13" and "Session 24" have the measurements.
 enum class QMma1Variant { wide2, narrow2, xpose, xone, zero };
 inline QMma1Variant qmma1_variant() {
-    static const QMma1Variant v = [] {
-        const char* e = std::getenv("SCR_CUDA_QUANT_TC1_VARIANT");
-        if (e && std::strcmp(e, "narrow2") == 0) return QMma1Variant::narrow2;
-        if (e && std::strcmp(e, "xpose") == 0) return QMma1Variant::xpose;
-        if (e && std::strcmp(e, "xone") == 0) return QMma1Variant::xone;
-        if (e && std::strcmp(e, "zero") == 0) return QMma1Variant::zero;
-        if (e && *e && std::strcmp(e, "wide2") != 0)
-            std::fprintf(stderr, "scr: SCR_CUDA_QUANT_TC1_VARIANT=%s is not wide2, narrow2, xpose, xone or zero; using wide2\n", e);
-        return QMma1Variant::wide2;
-    }();
+    static const QMma1Variant v = env_choice_switch("SCR_CUDA_QUANT_TC1_VARIANT", QMma1Variant::wide2,
+                                                    {{"wide2", QMma1Variant::wide2},
+                                                     {"narrow2", QMma1Variant::narrow2},
+                                                     {"xpose", QMma1Variant::xpose},
+                                                     {"xone", QMma1Variant::xone},
+                                                     {"zero", QMma1Variant::zero}},
+                                                    "wide2");
     return v;
 }
 
@@ -633,20 +630,14 @@ inline int qmma1_block_warps_override() {
 // (1B MLX int4 0.509 -> 0.482 ms per token; docs/CUDA.md "Session 20"). A row's bits change with
 // W. SCR_CUDA_QUANT_TC1_W16=0 keeps W = 8 (A/B runs).
 inline bool qmma1_w16() {
-    static const bool on = [] {
-        const char* e = std::getenv("SCR_CUDA_QUANT_TC1_W16");
-        return !(e && e[0] == '0');
-    }();
+    static const bool on = env_flag_switch("SCR_CUDA_QUANT_TC1_W16", true);
     return on;
 }
 
 // SCR_CUDA_QUANT_TC1_FILL=0 turns off qmma1_block_shape's fill (A/B runs; a row's bits change
 // only where the block size enters them: the folded norm's sum of x^2).
 inline bool qmma1_fill() {
-    static const bool on = [] {
-        const char* e = std::getenv("SCR_CUDA_QUANT_TC1_FILL");
-        return !(e && e[0] == '0');
-    }();
+    static const bool on = env_flag_switch("SCR_CUDA_QUANT_TC1_FILL", true);
     return on;
 }
 

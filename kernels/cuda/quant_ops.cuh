@@ -68,10 +68,7 @@ __global__ void silu_mul_kernel(int64_t n, const float* __restrict__ g, const fl
 // SCR_CUDA_QUANT_FUSED=0, which runs the unfused plan (standalone RMSNorm, one launch per matrix,
 // gate + up + silu*mul) from the same binary, for A/B runs.
 inline bool quant_fused_on() {
-    static const bool on = [] {
-        const char* e = std::getenv("SCR_CUDA_QUANT_FUSED");
-        return !(e && std::strcmp(e, "0") == 0);
-    }();
+    static const bool on = env_flag_switch("SCR_CUDA_QUANT_FUSED", true);
     return on;
 }
 

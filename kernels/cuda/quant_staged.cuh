@@ -371,14 +371,8 @@ struct QStagedPlan {
 enum class QStagedMode { rule, all, off };
 constexpr int kQsLowMaxRows = 8, kQsLowMinKiB = 32 << 10;
 inline QStagedMode qstaged_mode() {
-    static const QStagedMode m = [] {
-        const char* e = std::getenv("SCR_CUDA_QUANT_STAGED");
-        if (e && std::strcmp(e, "0") == 0) return QStagedMode::off;
-        if (e && std::strcmp(e, "all") == 0) return QStagedMode::all;
-        if (e && *e && std::strcmp(e, "1") != 0)
-            std::fprintf(stderr, "scr: SCR_CUDA_QUANT_STAGED=%s is not 0, 1 or all; using 1\n", e);
-        return QStagedMode::rule;
-    }();
+    static const QStagedMode m = env_choice_switch("SCR_CUDA_QUANT_STAGED", QStagedMode::rule,
+                                                   {{"1", QStagedMode::rule}, {"all", QStagedMode::all}, {"0", QStagedMode::off}}, "1");
     return m;
 }
 inline bool qstaged_on() { return qstaged_mode() != QStagedMode::off; }
@@ -438,13 +432,7 @@ inline bool qstaged_takes(int rows, int tiles, int chunks, bool fused) {
 // with the early trigger, 3-8 rows 2-4.5 % slower with the late one). The place changes no value.
 // SCR_CUDA_QUANT_STAGED_TRIGGER=wait|loop forces one (A/B runs).
 inline bool qstaged_trigger_late(int rows) {
-    static const int v = [] {
-        const char* e = std::getenv("SCR_CUDA_QUANT_STAGED_TRIGGER");
-        if (e && std::strcmp(e, "loop") == 0) return 1;
-        if (e && std::strcmp(e, "wait") == 0) return 0;
-        if (e && *e) std::fprintf(stderr, "scr: SCR_CUDA_QUANT_STAGED_TRIGGER=%s is not wait or loop; using the rule\n", e);
-        return -1;
-    }();
+    static const int v = env_choice_switch("SCR_CUDA_QUANT_STAGED_TRIGGER", -1, {{"wait", 0}, {"loop", 1}}, "the rule");
     return v >= 0 ? v == 1 : rows > kQsLowMaxRows;
 }
 inline int qstaged_slices_override() {

@@ -744,10 +744,7 @@ inline int sample_cluster_size(int rows, int vocab) {
 // SCR_CUDA_SAMPLE_SELECT=radix: top_k and top_p by the radix descent alone (the sampler before the
 // value bins; A/B runs); the same tokens.
 inline bool sample_radix_only() {
-    static const bool on = [] {
-        const char* e = std::getenv("SCR_CUDA_SAMPLE_SELECT");
-        return e && std::strcmp(e, "radix") == 0;
-    }();
+    static const bool on = env_choice_switch("SCR_CUDA_SAMPLE_SELECT", false, {{"bins", false}, {"radix", true}}, "bins");
     return on;
 }
 

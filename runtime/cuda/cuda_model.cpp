@@ -13,6 +13,7 @@
 #include <string_view>
 #include <utility>
 
+#include "kernels/cuda/env_switch.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/core/thread_pool.hpp"
 #include "runtime/cuda/prefill_gemm.hpp"
@@ -94,23 +95,16 @@ struct CudaGeneratedModel::Impl {
     bool timing = false;
     // Kernels launch as programmatic dependents (each may start while its predecessor drains);
     // SCR_CUDA_PDL=0 turns it off, for A/B measurements.
-    bool pdl = [] {
-        const char* e = std::getenv("SCR_CUDA_PDL");
-        return !(e && std::string_view(e) == "0");
-    }();
+    bool pdl = kernels::cuda::env_flag_switch("SCR_CUDA_PDL", true);
     // How a small decode (graph) step's arrays reach the device (launch()): queued behind a pending
     // step (run-ahead), by one kernel reading the pinned buffer, ~4 us sooner than a copy-engine
     // transfer there; on an idle GPU the kernel did not help (docs/CUDA.md
     // "Session 23"). SCR_CUDA_STEP_COPY=memcpy / kernel forces one way for every graph step, for
     // A/B measurements (eager steps always take the transfer).
     enum class StepCopy { automatic, memcpy, kernel };
-    StepCopy step_copy = [] {
-        const char* e = std::getenv("SCR_CUDA_STEP_COPY");
-        if (e && std::string_view(e) == "memcpy") return StepCopy::memcpy;
-        if (e && std::string_view(e) == "kernel") return StepCopy::kernel;
-        if (e && *e) std::fprintf(stderr, "scr: SCR_CUDA_STEP_COPY=%s is not memcpy or kernel; using the automatic rule\n", e);
-        return StepCopy::automatic;
-    }();
+    StepCopy step_copy = kernels::cuda::env_choice_switch(
+        "SCR_CUDA_STEP_COPY", StepCopy::automatic,
+        {{"automatic", StepCopy::automatic}, {"memcpy", StepCopy::memcpy}, {"kernel", StepCopy::kernel}}, "the automatic rule");
     // With timing on, per launch slot: before the step's copy, before its kernels, after them (before
     // the sampler), after the sampler.
     cudaEvent_t t_copy[2] = {nullptr, nullptr}, t_begin[2] = {nullptr, nullptr}, t_graph[2] = {nullptr, nullptr},
@@ -127,10 +121,7 @@ struct CudaGeneratedModel::Impl {
     Launch launches[2];
     cudaEvent_t ready[2] = {nullptr, nullptr};  // after a launch's last copy back
     int64_t launched = 0, waited = 0;
-    bool run_ahead = [] {
-        const char* e = std::getenv("SCR_CUDA_RUN_AHEAD");
-        return !(e && std::string_view(e) == "0");
-    }();
+    bool run_ahead = kernels::cuda::env_flag_switch("SCR_CUDA_RUN_AHEAD", true);
 
     std::vector<int> buckets;  // decode graph batch sizes
     std::map<int, cudaGraphExec_t> graphs;
@@ -139,10 +130,7 @@ struct CudaGeneratedModel::Impl {
 
     // Sampling on the GPU (forward_sample, launch_sample): per-row parameters in, token ids out,
     // through pinned buffers (one per launch slot) allocated at the first use.
-    bool device_sampling = [] {
-        const char* e = std::getenv("SCR_CUDA_DEVICE_SAMPLING");
-        return !(e && std::string_view(e) == "0");
-    }();
+    bool device_sampling = kernels::cuda::env_flag_switch("SCR_CUDA_DEVICE_SAMPLING", true);
     // The sampler's parameters travel in the step arrays (off_params). It writes its tokens straight
     // into mapped pinned memory (one buffer per launch slot; no copy back) and into the step arrays'
     // token ids on the device, where a fed step (run-ahead) finds them: each copy is one more

@@ -174,10 +174,7 @@ __global__ void sum_outputs_vec4_kernel(const __grid_constant__ HalvesArgs a) {
 // SCR_CUDA_PREFILL_PASSES=scalar keeps the one-element-per-thread split and closing passes (A/B
 // runs; the same bits either way).
 bool vec4_passes() {
-    static const bool on = [] {
-        const char* e = std::getenv("SCR_CUDA_PREFILL_PASSES");
-        return !(e && std::strcmp(e, "scalar") == 0);
-    }();
+    static const bool on = scr::kernels::cuda::env_choice_switch("SCR_CUDA_PREFILL_PASSES", true, {{"vec4", true}, {"scalar", false}}, "vec4");
     return on;
 }
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -204,21 +201,14 @@ void split_x(cudaStream_t stream, int64_t elems, const float* x, __nv_bfloat16* 
 }
 
 bool enabled() {
-    static const bool on = [] {
-        const char* e = std::getenv("SCR_CUDA_PREFILL");
-        return !e || std::strcmp(e, "cublaslt") == 0;
-    }();
-    return on;
+    return scr::kernels::cuda::prefill_gemm_choice() == scr::kernels::cuda::PrefillGemm::cublaslt;
 }
 
 // SCR_CUDA_PREFILL_X=bf16: prefill-sized calls (above the decode buckets) multiply x rounded to bf16
 // alone, one GEMM operand instead of hi + lo: half the GEMM work, the activation rounding every
 // bf16 engine does (~2^-9 relative per product instead of ~2^-17). Default `hilo`.
 bool prefill_x_bf16() {
-    static const bool on = [] {
-        const char* e = std::getenv("SCR_CUDA_PREFILL_X");
-        return e && std::strcmp(e, "bf16") == 0;
-    }();
+    static const bool on = scr::kernels::cuda::env_choice_switch("SCR_CUDA_PREFILL_X", false, {{"hilo", false}, {"bf16", true}}, "hilo");
     return on;
 }
 
@@ -264,10 +254,8 @@ constexpr int kDecodeRows = 256;
 constexpr int kSmallDecodeRows = 64;
 
 bool single_decode_algo() {
-    static const bool single = [] {
-        const char* e = std::getenv("SCR_CUDA_CUBLAS_DECODE");
-        return e && std::strcmp(e, "single") == 0;
-    }();
+    static const bool single =
+        scr::kernels::cuda::env_choice_switch("SCR_CUDA_CUBLAS_DECODE", false, {{"buckets", false}, {"single", true}}, "buckets");
     return single;
 }
 

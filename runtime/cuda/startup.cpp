@@ -13,6 +13,7 @@
 #include <thread>
 #include <utility>
 
+#include "kernels/cuda/env_switch.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/core/thread_pool.hpp"
 #include "runtime/model/device_open.hpp"
@@ -178,10 +179,7 @@ size_t prefault_while_opening(const ModelInfo& info, const WeightSet& weights, T
     // process's mmap lock): 8B first token at 1.6 s, against 0.8 s in session 3 without it. On files
     // a process had mapped before it gave 0.69 s, with no run without it to compare. Kept as an
     // option until both cases are measured both ways (docs/CUDA.md, "Session 4").
-    static const bool enabled = [] {
-        const char* e = std::getenv("SCR_CUDA_PREFAULT");
-        return e && std::strcmp(e, "1") == 0;
-    }();
+    static const bool enabled = kernels::cuda::env_flag_switch("SCR_CUDA_PREFAULT", false);
     if (!enabled || !device_opening()) return 0;
     std::vector<size_t> offsets;
     size_t total = 0;

@@ -10,6 +10,8 @@
 
 namespace {
 
+using scr::kernels::cuda::env_choice_switch;
+using scr::kernels::cuda::env_flag_switch;
 using scr::kernels::cuda::env_int_switch;
 
 constexpr const char* kName = "SCR_TEST_ENV_INT_SWITCH";
@@ -56,6 +58,66 @@ TEST(EnvIntSwitch, TheDefaultCanBeNamedInWords) {
     const auto [v, err] = read_with("12", "the rule");
     EXPECT_EQ(v, 5);
     EXPECT_NE(err.find("using the rule"), std::string::npos) << err;
+}
+
+// Named-value switches (SCR_CUDA_MOE_GEMM=0 | 1 | mma and the like).
+enum class Form { kRule, kOff, kOn, kMma };
+
+std::pair<Form, std::string> choose_with(const char* value) {
+    if (value) setenv(kName, value, 1);
+    else unsetenv(kName);
+    testing::internal::CaptureStderr();
+    const Form f = env_choice_switch(kName, Form::kRule, {{"0", Form::kOff}, {"1", Form::kOn}, {"mma", Form::kMma}}, "the row rule");
+    const std::string err = testing::internal::GetCapturedStderr();
+    unsetenv(kName);
+    return {f, err};
+}
+
+TEST(EnvChoiceSwitch, UnsetOrEmptyGivesTheDefaultQuietly) {
+    for (const char* value : {static_cast<const char*>(nullptr), ""}) {
+        const auto [f, err] = choose_with(value);
+        EXPECT_EQ(f, Form::kRule);
+        EXPECT_EQ(err, "");
+    }
+}
+
+TEST(EnvChoiceSwitch, EachNamedValueIsTaken) {
+    for (const auto& [text, want] : {std::pair{"0", Form::kOff}, {"1", Form::kOn}, {"mma", Form::kMma}}) {
+        const auto [f, err] = choose_with(text);
+        EXPECT_EQ(f, want) << text;
+        EXPECT_EQ(err, "") << text;
+    }
+}
+
+TEST(EnvChoiceSwitch, AnythingElseIsNamedWithTheChoicesAndGivesTheDefault) {
+    // A typo, another case, a number not listed, a prefix, trailing text, blank.
+    for (const char* text : {"mmma", "MMA", "2", "m", "1 ", " "}) {
+        const auto [f, err] = choose_with(text);
+        EXPECT_EQ(f, Form::kRule) << text;
+        EXPECT_NE(err.find(std::string(kName) + "=" + text + " is not one of 0, 1, mma; using the row rule"), std::string::npos)
+            << "not named: " << err;
+    }
+}
+
+TEST(EnvFlagSwitch, ZeroOrOneElseTheDefaultNamed) {
+    for (const bool fallback : {false, true}) {
+        auto read = [&](const char* value) {
+            if (value) setenv(kName, value, 1);
+            else unsetenv(kName);
+            testing::internal::CaptureStderr();
+            const bool on = env_flag_switch(kName, fallback);
+            const std::string err = testing::internal::GetCapturedStderr();
+            unsetenv(kName);
+            return std::pair{on, err};
+        };
+        EXPECT_EQ(read(nullptr), std::pair(fallback, std::string()));
+        EXPECT_EQ(read("0"), std::pair(false, std::string()));
+        EXPECT_EQ(read("1"), std::pair(true, std::string()));
+        // "0abc" was read as off by the earlier first-character tests; now it is named.
+        const auto [on, err] = read("0abc");
+        EXPECT_EQ(on, fallback);
+        EXPECT_NE(err.find("is not one of 0, 1; using " + std::string(fallback ? "1" : "0")), std::string::npos) << err;
+    }
 }
 
 }  // namespace
