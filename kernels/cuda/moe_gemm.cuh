@@ -459,10 +459,7 @@ constexpr bool kMoeRowsFits = H % kMoeRowsStep == 0 && F % kMoeRowsStep == 0;
 
 // SCR_CUDA_MOE_WIDE=ksplit: wide steps on the k-split kernel too (A/B runs).
 inline bool moe_wide_rows_on() {
-    static const bool on = [] {
-        const char* e = std::getenv("SCR_CUDA_MOE_WIDE");
-        return !(e && std::strcmp(e, "ksplit") == 0);
-    }();
+    static const bool on = env_choice_switch("SCR_CUDA_MOE_WIDE", true, {{"rows", true}, {"ksplit", false}}, "rows");
     return on;
 }
 
@@ -486,14 +483,9 @@ constexpr bool moe_gemm_fits() {
 // 4 (moe_gemm_override() only, a test hook): the quantized experts expanded to bf16.
 enum class MoeGemmMode { kPerPair = 0, kGrouped = 1, kByRows = 2, kQuantMma = 3, kQuantExpand = 4 };
 inline MoeGemmMode moe_gemm_mode() {
-    static const MoeGemmMode from_env = [] {
-        const char* e = std::getenv("SCR_CUDA_MOE_GEMM");
-        if (!e) return MoeGemmMode::kByRows;
-        if (std::strcmp(e, "0") == 0) return MoeGemmMode::kPerPair;
-        if (std::strcmp(e, "1") == 0) return MoeGemmMode::kGrouped;
-        if (std::strcmp(e, "mma") == 0) return MoeGemmMode::kQuantMma;
-        return MoeGemmMode::kByRows;
-    }();
+    static const MoeGemmMode from_env = env_choice_switch(
+        "SCR_CUDA_MOE_GEMM", MoeGemmMode::kByRows,
+        {{"0", MoeGemmMode::kPerPair}, {"1", MoeGemmMode::kGrouped}, {"mma", MoeGemmMode::kQuantMma}}, "the row rule");
     return moe_gemm_override() >= 0 ? MoeGemmMode(moe_gemm_override()) : from_env;
 }
 inline bool moe_gemm_wanted(int pairs, int experts) {
@@ -518,6 +510,19 @@ inline MoeGroupScratch moe_group_scratch(float* group, int pairs) {
     return {order, n_chunks, chunks};
 }
 
+// One step's grouping: its pairs ordered by expert in chunks of CR pairs (moe_group_kernel, into
+// `group`) and the most chunks that can come of it (each expert's last chunk may be partial), which
+// bounds the grouped kernels' grids; the chunk count itself stays on the device.
+struct MoeGrouping : MoeGroupScratch {
+    int max_chunks;
+};
+template <int E, int CR>
+MoeGrouping launch_moe_group(const Ctx& c, int pairs, const int32_t* top_id, float* group) {
+    const MoeGroupScratch s = moe_group_scratch(group, pairs);
+    detail::moe_group_kernel<E, CR><<<1, 1024, 0, c.stream>>>(pairs, top_id, s.order, s.chunks, s.n_chunks);
+    return {s, std::min(pairs, pairs / CR + E)};
+}
+
 // Steps whose experts average this many pairs or more are wide (32-pair chunks; moe_gemm_rows_kernel
 // where the shape allows): every weight tile then feeds enough pairs to pay for staging x.
 constexpr int kMoeWidePairsPerExpert = 16;
@@ -529,12 +534,11 @@ template <int H, int F, int E, int TOPK, int WP = 1, bool ROW_SCALE = false>
 void moe_experts_wide_rows(const Ctx& c, int pairs, const float* x, const void* const* experts, const int32_t* top_id, float* act,
                            float* y, float* group, const float* row_scale = nullptr) {
     static_assert(detail::kMoeRowsFits<H, F>, "moe_gemm_rows_kernel stages k in steps of kMoeRowsStep");
-    const auto [order, n_chunks, chunks] = moe_group_scratch(group, pairs);
-    constexpr int CR = detail::moe_chunk_pairs(4);
-    detail::moe_group_kernel<E, CR><<<1, 1024, 0, c.stream>>>(pairs, top_id, order, chunks, n_chunks);
-    const int max_chunks = std::min(pairs, pairs / CR + E);
-    detail::launch_moe_gemm_rows<H, F, 4, true, TOPK, 0, WP, ROW_SCALE>(c, max_chunks, x, experts, order, chunks, n_chunks, act, row_scale);
-    detail::launch_moe_gemm_rows<F, H, 4, false, 1, 2, WP, ROW_SCALE>(c, max_chunks, act, experts, order, chunks, n_chunks, y, row_scale);
+    const MoeGrouping g = launch_moe_group<E, detail::moe_chunk_pairs(4)>(c, pairs, top_id, group);
+    detail::launch_moe_gemm_rows<H, F, 4, true, TOPK, 0, WP, ROW_SCALE>(c, g.max_chunks, x, experts, g.order, g.chunks, g.n_chunks, act,
+                                                                         row_scale);
+    detail::launch_moe_gemm_rows<F, H, 4, false, 1, 2, WP, ROW_SCALE>(c, g.max_chunks, act, experts, g.order, g.chunks, g.n_chunks, y,
+                                                                       row_scale);
 }
 
 template <int H, int F, int E, int TOPK>
@@ -550,18 +554,13 @@ void moe_experts_grouped(const Ctx& c, int rows, const float* x, const void* con
             return;
         }
     }
-    const auto [order, n_chunks, chunks] = moe_group_scratch(group, pairs);
-    const int cr = detail::moe_chunk_pairs(wide ? 4 : 1);
-    const int max_chunks = std::min(pairs, pairs / cr + E);
-    if (wide) {
-        detail::moe_group_kernel<E, detail::moe_chunk_pairs(4)><<<1, 1024, 0, c.stream>>>(pairs, top_id, order, chunks, n_chunks);
-        detail::launch_moe_gemm<H, F, 4, true, TOPK, 0>(c, max_chunks, x, experts, order, chunks, n_chunks, act);
-        detail::launch_moe_gemm<F, H, 4, false, 1, 2>(c, max_chunks, act, experts, order, chunks, n_chunks, y);
-    } else {
-        detail::moe_group_kernel<E, detail::moe_chunk_pairs(1)><<<1, 1024, 0, c.stream>>>(pairs, top_id, order, chunks, n_chunks);
-        detail::launch_moe_gemm<H, F, 1, true, TOPK, 0>(c, max_chunks, x, experts, order, chunks, n_chunks, act);
-        detail::launch_moe_gemm<F, H, 1, false, 1, 2>(c, max_chunks, act, experts, order, chunks, n_chunks, y);
-    }
+    auto run = [&]<int TN>() {
+        const MoeGrouping g = launch_moe_group<E, detail::moe_chunk_pairs(TN)>(c, pairs, top_id, group);
+        detail::launch_moe_gemm<H, F, TN, true, TOPK, 0>(c, g.max_chunks, x, experts, g.order, g.chunks, g.n_chunks, act);
+        detail::launch_moe_gemm<F, H, TN, false, 1, 2>(c, g.max_chunks, act, experts, g.order, g.chunks, g.n_chunks, y);
+    };
+    if (wide) run.template operator()<4>();
+    else run.template operator()<1>();
 }
 
 }  // namespace scr::kernels::cuda

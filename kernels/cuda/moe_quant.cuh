@@ -530,8 +530,8 @@ __global__ void __launch_bounds__(256) moe_qexpand_kernel(const void* const* __r
 //    165 per pair, at 8 rows 93 against 92; int8 at 16 rows 184 against 171 with uniform routing,
 //    but the random 30B-A3B's uneven routing decodes at batch 16 1.64x faster (2,471 against 1,503
 //    tok/s): fewer picked experts, so fewer chunks, while the GEMVs' cost follows the pairs;
-//  * the tensor-core form from there (chunks of 8 pairs, or 32 from kMoeWidePairsPerExpert):
-//    64 rows 229 / 279 us (per pair 590 / 541; the bf16 experts' grouped GEMMs 425);
+//  * the tensor-core form from there (chunks of 8 pairs, or 32 from moe_quant_mma_tn's threshold):
+//    64 rows 229 / 281 us (per pair 591 / 543; the bf16 experts' grouped GEMMs 425);
 //  * expanded to bf16 (the bf16 build's wide GEMM) from kMoeQuantExpandPairsPerExpert, where a
 //    step's fixed cost of writing the experts out pays: int8 / fp8 128 (2,048 rows: 3,048 us
 //    against 3,250, the 30B-A3B's int8 prefill 11,609 tok/s against 9,781; 1,024 rows: 2,011 us
@@ -560,6 +560,27 @@ inline MoeQuantForm moe_quant_form(int pairs) {
     if (expandable && pairs >= kMoeQuantExpandPairsPerExpert<F> * E) return MoeQuantForm::kExpanded;
     if (mma_fits && pairs >= kMoeQuantMmaPairsPerExpert * E) return MoeQuantForm::kMma;
     return MoeQuantForm::kPerPair;
+}
+// The tensor-core form's token tiles per chunk (chunks of 8 TN pairs): 4 (each weight tile feeds 4
+// token tiles) once experts average kMoeQuantMmaWidePairsPerExpert pairs, else 1. Measured (H100,
+// Qwen3-30B-A3B's expert shape, uniform routing, us per call with 1 / 4 tiles; docs/CUDA.md
+// "Session 43"): MLX int4 256 rows (16 pairs per expert) 538 / 647, 512 rows 978 / 981, 1,024 rows
+// 1,888 / 1,705, so 32: its 4-tile kernel (255 registers in the SwiGLU launch: one block per SM)
+// pays only where the chunks fill; int8 128 rows 348 / 444, 256 rows 613 / 501, so 16 (the bf16
+// build's kMoeWidePairsPerExpert; fp8 as int8).
+// SCR_CUDA_MOE_QMMA_TN=1|4 forces one for every step (A/B runs; a pair's bits do not depend on TN).
+template <class F>
+constexpr int kMoeQuantMmaWidePairsPerExpert = F::kAffine ? 32 : 16;
+inline int moe_quant_mma_tn_forced() {
+    static const int v =
+        int(env_int_switch("SCR_CUDA_MOE_QMMA_TN", 0, [](long long n) { return n == 1 || n == 4; }, "1 or 4", "the rule"));
+    return v;
+}
+template <int E, class F>
+inline int moe_quant_mma_tn(int pairs) {
+    if (moe_quant_mma_tn_override() != 0) return moe_quant_mma_tn_override();
+    if (const int forced = moe_quant_mma_tn_forced()) return forced;
+    return pairs >= kMoeQuantMmaWidePairsPerExpert<F> * E ? 4 : 1;
 }
 // The expansion's floats when steps of up to `rows` rows may expand by the rule (else 0).
 template <int H, int FF, int E, int TOPK, class F>
@@ -600,16 +621,12 @@ void moe_quant_experts(const Ctx& c, int rows, const float* x, const void* const
         }
     } else if (form == MoeQuantForm::kMma) {
         if constexpr (qdetail::kMoeQuantMmaFits<H, FF, F> && qdetail::kMoeQuantMmaFits<FF, H, F>) {
-            const auto [order, n_chunks, chunks] = moe_group_scratch(group, pairs);
             auto run = [&]<int TN>() {
-                constexpr int CR = detail::moe_chunk_pairs(TN);
-                detail::moe_group_kernel<E, CR><<<1, 1024, 0, c.stream>>>(pairs, top_id, order, chunks, n_chunks);
-                const int max_chunks = std::min(pairs, pairs / CR + E);
-                qdetail::launch_moe_quant_mma<H, FF, TN, true, TOPK, 0, F>(c, max_chunks, x, experts, order, chunks, n_chunks, act);
-                qdetail::launch_moe_quant_mma<FF, H, TN, false, 1, 2, F>(c, max_chunks, act, experts, order, chunks, n_chunks, y);
+                const MoeGrouping g = launch_moe_group<E, detail::moe_chunk_pairs(TN)>(c, pairs, top_id, group);
+                qdetail::launch_moe_quant_mma<H, FF, TN, true, TOPK, 0, F>(c, g.max_chunks, x, experts, g.order, g.chunks, g.n_chunks, act);
+                qdetail::launch_moe_quant_mma<FF, H, TN, false, 1, 2, F>(c, g.max_chunks, act, experts, g.order, g.chunks, g.n_chunks, y);
             };
-            // Wide chunks (32 pairs: each weight tile feeds 4 token tiles) once experts average 16+ pairs.
-            if (pairs >= kMoeWidePairsPerExpert * E) run.template operator()<4>();
+            if (moe_quant_mma_tn<E, F>(pairs) == 4) run.template operator()<4>();
             else run.template operator()<1>();
         }
     } else if (form == MoeQuantForm::kGroupedGemv) {
@@ -619,12 +636,10 @@ void moe_quant_experts(const Ctx& c, int rows, const float* x, const void* const
         // bit-for-bit check (per-pair blocks in expert order, tried in session 40, were no faster).
         // The two forms give the same bits.
         constexpr int CR = qdetail::kMoeQuantChunk;
-        const MoeGroupScratch gs = moe_group_scratch(group, pairs);
-        const int max_chunks = std::min(pairs, pairs / CR + E);
-        detail::moe_group_kernel<E, CR><<<1, 1024, 0, c.stream>>>(pairs, top_id, gs.order, gs.chunks, gs.n_chunks);
-        const qdetail::MoeQuantPairs src{top_id, gs.order, gs.chunks, gs.n_chunks};
-        qdetail::moe_quant_up_kernel<H, FF, TOPK, F, CR><<<dim3(max_chunks, ceil_div(FF, 8)), 256, 0, c.stream>>>(x, experts, src, act);
-        qdetail::moe_quant_down_kernel<H, FF, F, CR><<<dim3(max_chunks, ceil_div(H, 8)), 256, 0, c.stream>>>(act, experts, src, y);
+        const MoeGrouping g = launch_moe_group<E, CR>(c, pairs, top_id, group);
+        const qdetail::MoeQuantPairs src{top_id, g.order, g.chunks, g.n_chunks};
+        qdetail::moe_quant_up_kernel<H, FF, TOPK, F, CR><<<dim3(g.max_chunks, ceil_div(FF, 8)), 256, 0, c.stream>>>(x, experts, src, act);
+        qdetail::moe_quant_down_kernel<H, FF, F, CR><<<dim3(g.max_chunks, ceil_div(H, 8)), 256, 0, c.stream>>>(act, experts, src, y);
     } else {
         const qdetail::MoeQuantPairs src{top_id, nullptr, nullptr, nullptr};
         constexpr int kUpRows = qdetail::kMoeQuantUpRowsPerBlock<H, F>, kDownRows = qdetail::kMoeQuantDownRowsPerBlock<FF, F>;

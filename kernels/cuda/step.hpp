@@ -42,6 +42,13 @@ inline int& moe_gemm_override() {
     return v;
 }
 
+// The quantized experts' tensor-core form (kernels/cuda/moe_quant.cuh, moe_quant_mma_tn): 0:
+// SCR_CUDA_MOE_QMMA_TN or the rule decides, 1 / 4: that many token tiles per chunk.
+inline int& moe_quant_mma_tn_override() {
+    static int v = 0;
+    return v;
+}
+
 // Prefill-sized attention (kernels/cuda/attention_prefill.cuh, attention_prefill_mma_on): -1:
 // SCR_CUDA_ATTN_PREFILL decides, 0: the key-per-lane kernel, 1: the tensor-core kernel where it fits.
 inline int& attention_prefill_override() {

@@ -8,7 +8,8 @@
 #   model_config KEY                  the config.json of model KEY (below; an unknown key: rc 1, named);
 #   make_model KEY                    a random bf16 checkpoint of model KEY (1b = Llama-3.2-1B, 8b =
 #                                     Llama-3.1-8B, 30b = Qwen3-30B-A3B) in /dev/shm/mKEY (sets M),
-#                                     made by $C/scr as step make_random_KEY;
+#                                     made by $C/scr as step make_random_KEY, once per machine (a
+#                                     later call finds it by its .made mark);
 #   ncu_digest REP KEY                from the Nsight Compute report REP.ncu-rep: the text report in
 #                                     $OUT/ncu_KEY.txt, the stall samples per SASS instruction (ncu's
 #                                     source page as CSV) in $OUT/sass_KEY.csv, and on stdout a digest
@@ -62,7 +63,10 @@ make_model() {
     local cfg
     cfg=$(model_config "$1") || exit 2
     M=/dev/shm/m$1
+    # made already in this machine's session (a later part of the same call): kept, not made again
+    [ -f $M/.made ] && return
     step "make_random_$1" 120 $C/scr make-random "$cfg" $M --dtype bf16
+    if [[ ${summary[-1]} == *": rc=0 ("* ]]; then touch $M/.made; fi
 }
 make_model_any() {
     make_model $1

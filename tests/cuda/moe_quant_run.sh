@@ -17,7 +17,8 @@
 #   30b     a Qwen3-30B-A3B-shaped model (random bf16, /dev/shm), its MLX int4 g64 quantization
 #           and the other presets of VARIANTS (`scr quantize`), each quantized model's greedy ids after
 #           a 300-token prompt per pair and by default (wide prefill expanded), `scr cuda-bench` of each of VARIANTS:
-#           bf16 or a preset name, +grouped forcing the grouped experts (SCR_CUDA_MOE_GEMM=1);
+#           bf16 or a preset name, +grouped forcing the grouped experts (SCR_CUDA_MOE_GEMM=1), +tn1 or
+#           +tn4 the tensor-core form's chunk width (SCR_CUDA_MOE_QMMA_TN);
 #   wide    (asked for by name) the 30B's MLX int4 g64 decode at batch 256 (wide steps in a graph)
 #           per pair and by default (expanded), then scr_cuda_moe --no-bench under memcheck.
 set -u
@@ -66,7 +67,7 @@ if [[ " ${PARTS:-checks 30b} " == *" 30b "* ]]; then
     make_model 30b  # M=/dev/shm/m30b... as device_lib.sh names it
     [ -f $M/config.json ] || { echo "no 30B model"; printf '%s\n' "${summary[@]}"; exit 1; }
     for v in ${VARIANTS:-mlx-int4-g64 bf16}; do
-        p=${v%+grouped}
+        p=${v%%+*}
         [ $p = bf16 ] || [ -f $M-$p/config.json ] || step quantize_30b_$p 300 $C/scr quantize $M $M-$p --preset $p
     done
     du -sh $M*
@@ -74,16 +75,19 @@ if [[ " ${PARTS:-checks 30b} " == *" 30b "* ]]; then
     # step per pair (SCR_CUDA_MOE_GEMM=0) beside the default (the prefill's experts expanded to bf16).
     IDS300=$(seq -s, 1000 1299)
     for v in ${VARIANTS:-mlx-int4-g64 bf16}; do
-        p=${v%+grouped}
+        p=${v%%+*}
         [ $p = bf16 ] || [ $v != $p ] && continue
         step complete_30b_${p}_pairs 120 env SCR_CUDA_MOE_GEMM=0 $C/scr complete $M-$p --quant $p --ids $IDS300 --max-tokens 8
         step complete_30b_${p}_default 120 $C/scr complete $M-$p --quant $p --ids $IDS300 --max-tokens 8
         echo "30b $p greedy ids after 300 tokens: per pair $(tail -n 1 "$LOGS/complete_30b_${p}_pairs.txt"); default $(tail -n 1 "$LOGS/complete_30b_${p}_default.txt")"
     done
     for v in ${VARIANTS:-mlx-int4-g64 bf16}; do
-        p=${v%+grouped} m=$M e=
+        p=${v%%+*} m=$M e=
         [ $p = bf16 ] || m=$M-$p
-        [ $v = $p ] || e=SCR_CUDA_MOE_GEMM=1
+        case $v in
+        *+grouped) e=SCR_CUDA_MOE_GEMM=1 ;;
+        *+tn[14]) e=SCR_CUDA_MOE_QMMA_TN=${v##*+tn} ;;
+        esac
         step bench_30b_$v 170 env $e $C/scr cuda-bench $m --prompt 64 --decode 64 --prefill 2048 --batches ${BATCHES:-16,64} --batch-steps 16
         echo "== 30b $v:"; grep -h '^batch-1 decode\|^decode batch\|^prefill\|floor' "$LOGS/bench_30b_$v.txt" | cut -c1-200
     done

@@ -14,11 +14,12 @@
 // Shapes: a small one, the tiny Qwen3-MoE fixture's (H 96, F 64, 4 experts, top 2) and
 // Qwen3-30B-A3B's (H 2048, F 768, 128 experts, top 8). Then the quantized experts (moe_quant.cuh:
 // MLX int4 g32 / g64 / g128, int8, fp8 per channel and per tensor) against float64 and alone vs
-// in a batch, their tensor-core form (forced at every row count) against float64 and alone vs in a
-// batch, and their wide steps (the experts expanded to bf16 hi + lo) against float64 and with the
-// rows reversed. Then (unless --no-bench) the time per call at Qwen3-30B-A3B's shape: the quantized
-// experts in each form (per pair, grouped GEMVs, tensor cores, expanded, the default rule) beside the
-// bf16 ones for 1 to 4,096 rows, and both bf16 implementations for 1 to 2,048 rows.
+// in a batch, their tensor-core form (forced at every row count) against float64, alone vs in a
+// batch and in chunks of 1 and 4 token tiles (the same bits), and their wide steps (the experts
+// expanded to bf16 hi + lo) against float64 and with the rows reversed. Then (unless --no-bench)
+// the time per call at Qwen3-30B-A3B's shape: the quantized experts in each form (per pair, grouped
+// GEMVs, tensor cores in chunks of 1 / 4 tiles, expanded, the default rule) beside the bf16
+// ones for 1 to 4,096 rows, and both bf16 implementations for 1 to 2,048 rows.
 // Exit: 0 all checks passed, 1 a check failed, 77 no GPU (ctest skips).
 #include <cuda_runtime_api.h>
 
@@ -473,13 +474,20 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
             // The tensor-core form (forced, so at every row count): against the reference with the same
             // bound, and each checked row alone in it: the same bits.
             constexpr bool kMmaFits = qdetail::kMoeQuantMmaFits<H, F, Q> && qdetail::kMoeQuantMmaFits<F, H, Q>;
-            int bad_mma = 0, mma_differ = 0;
+            // Each chunk width (1 or 4 token tiles, forced) gives every row the same bits.
+            int bad_mma = 0, mma_differ = 0, tn_differ = 0;
             double worst_mma = 0.0;
             if constexpr (kMmaFits) {
                 moe_gemm_override() = 3;
                 const std::vector<float> mma = launch(L, rows);
                 against_reference(mma, " (tensor cores)", bad_mma, worst_mma);
                 mma_differ = alone_differ(mma);
+                for (const int tn : {1, 4}) {
+                    moe_quant_mma_tn_override() = tn;
+                    const std::vector<float> at_tn = launch(L, rows);
+                    for (int i = 0; i < rows; ++i) tn_differ += std::memcmp(&at_tn[size_t(i) * H], &mma[size_t(i) * H], H * 4) != 0;
+                }
+                moe_quant_mma_tn_override() = 0;
                 moe_gemm_override() = -1;
             }
             // The experts expanded to bf16 and the grouped GEMM (a regime of its own; by default only
@@ -508,15 +516,16 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
                     wide_differ += std::memcmp(&reversed[size_t(rows - 1 - i) * H], &wide[size_t(i) * H], H * 4) != 0;
                 moe_gemm_override() = -1;
             }
-            const bool ok = bad == 0 && differ == 0 && forms_differ == 0 && bad_wide == 0 && wide_differ == 0 && bad_mma == 0 && mma_differ == 0;
+            const bool ok = bad == 0 && differ == 0 && forms_differ == 0 && bad_wide == 0 && wide_differ == 0 && bad_mma == 0 &&
+                            mma_differ == 0 && tn_differ == 0;
             failures += !ok;
             std::printf("%s %s, %d rows %s (%zu checked): quantized experts %s (worst err/bound %.2e), grouped vs per-pair %s, "
                         "rows alone %s",
                         ok ? "ok  " : "FAIL", s.name, rows, skewed ? "skewed" : "uniform", check.size(), bad ? "FAIL" : "pass", worst,
                         forms_differ ? "DIFFER" : "same bits", differ ? "DIFFER" : "same bits");
             if (kMmaFits)
-                std::printf("; tensor cores %s (worst err/bound %.2e), rows alone %s", bad_mma ? "FAIL" : "pass", worst_mma,
-                            mma_differ ? "DIFFER" : "same bits");
+                std::printf("; tensor cores %s (worst err/bound %.2e), rows alone %s, chunks of 1 / 4 tiles %s",
+                            bad_mma ? "FAIL" : "pass", worst_mma, mma_differ ? "DIFFER" : "same bits", tn_differ ? "DIFFER" : "same bits");
             if (expands)
                 std::printf("; expanded %s (worst err/bound %.2e), rows reversed %s", bad_wide ? "FAIL" : "pass", worst_wide,
                             wide_differ ? "DIFFER" : "same bits");
@@ -530,8 +539,9 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
 template <int H, int F, int E, int K, class Q>
 void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s, const char* fmt, cudaStream_t st) {
     std::printf("\n%s, %s experts, us per call (events, mean after one warm-up; uniform routing):\n", q.name, fmt);
-    std::printf("| rows | pairs | %s per-pair GEMVs | %s grouped GEMVs | %s tensor cores | %s expanded | %s default | bf16 per-pair GEMVs | "
-                "bf16 grouped GEMMs |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", fmt, fmt, fmt, fmt, fmt);
+    std::printf("| rows | pairs | %s per-pair GEMVs | %s grouped GEMVs | %s tensor cores, chunks of 1 / 4 tiles | %s expanded | "
+                "%s default | bf16 per-pair GEMVs | bf16 grouped GEMMs |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+                fmt, fmt, fmt, fmt, fmt);
     std::mt19937 rng(77);
     std::uniform_real_distribution<float> xd(-1.0f, 1.0f);
     Ctx c;
@@ -539,24 +549,26 @@ void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
-    for (const int rows : {1, 4, 8, 16, 32, 64, 128, 256, 1024, 2048, 4096}) {
+    for (const int rows : {1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096}) {
         const bool expands = rows * K >= kMoeWidePairsPerExpert * E;
         Launch<H, F, E, K> L(rows, moe_quant_experts_floats<H, F, E, K, Q>(rows) + qdetail::kMoeQuantExpandFloats<H, F, E>);
         std::vector<float> x(size_t(rows) * H);
         for (auto& v : x) v = xd(rng);
         const Routing r = make_routing<E, K>(rows, false, rng);
         L.upload(x, x, r);
-        // quantized per pair, grouped GEMVs, tensor cores, expanded (wide rows), default (the row
-        // rules); bf16 per pair, grouped
-        constexpr int kOverride[7] = {0, 1, 3, 4, -1, 0, 1};
-        double us[7] = {};
-        for (int path = 0; path < 7; ++path) {
-            if (path == 3 && !expands) continue;
+        // quantized per pair, grouped GEMVs, tensor cores in chunks of 1 / 4 token tiles,
+        // expanded (wide rows), default (the row rules); bf16 per pair, grouped
+        constexpr int kPaths = 8, kQuantPaths = 6, kExpanded = 4;
+        constexpr int kOverride[kPaths] = {0, 1, 3, 3, 4, -1, 0, 1}, kTiles[kPaths] = {0, 0, 1, 4, 0, 0, 0, 0};
+        double us[kPaths] = {};
+        for (int path = 0; path < kPaths; ++path) {
+            if (path == kExpanded && !expands) continue;
             auto one = [&] {
-                if (path < 5) moe_quant_experts<H, F, E, K, Q>(c, rows, L.x, q.table, L.ids, L.tw, L.res, L.out, L.ws);
+                if (path < kQuantPaths) moe_quant_experts<H, F, E, K, Q>(c, rows, L.x, q.table, L.ids, L.tw, L.res, L.out, L.ws);
                 else L.run(c, s, rows);
             };
             moe_gemm_override() = kOverride[path];
+            moe_quant_mma_tn_override() = kTiles[path];
             const int iters = rows >= 1024 ? 2 : rows >= 256 ? 5 : 20;
             one();
             CK(cudaEventRecord(a, st));
@@ -568,10 +580,11 @@ void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s
             us[path] = 1000.0 * ms / iters;
         }
         moe_gemm_override() = -1;
+        moe_quant_mma_tn_override() = 0;
         char expanded[32] = "-";
-        if (expands) std::snprintf(expanded, sizeof expanded, "%.1f", us[3]);
-        std::printf("| %d | %d | %.1f | %.1f | %.1f | %s | %.1f | %.1f | %.1f |\n", rows, rows * K, us[0], us[1], us[2], expanded, us[4],
-                    us[5], us[6]);
+        if (expands) std::snprintf(expanded, sizeof expanded, "%.1f", us[kExpanded]);
+        std::printf("| %d | %d | %.1f | %.1f | %.1f / %.1f | %s | %.1f | %.1f | %.1f |\n", rows, rows * K, us[0], us[1], us[2], us[3],
+                    expanded, us[5], us[6], us[7]);
     }
     cudaEventDestroy(a);
     cudaEventDestroy(b);
