@@ -530,7 +530,7 @@ __global__ void __launch_bounds__(256) moe_qexpand_kernel(const void* const* __r
 //    165 per pair, at 8 rows 93 against 92; int8 at 16 rows 184 against 171 with uniform routing,
 //    but the random 30B-A3B's uneven routing decodes at batch 16 1.64x faster (2,471 against 1,503
 //    tok/s): fewer picked experts, so fewer chunks, while the GEMVs' cost follows the pairs;
-//  * the tensor-core form from there (chunks of 8 pairs, or 32 from moe_quant_mma_tn's threshold):
+//  * the tensor-core form from there (chunks of 8 pairs, or 32 from kMoeWidePairsPerExpert):
 //    64 rows 229 / 281 us (per pair 591 / 543; the bf16 experts' grouped GEMMs 425);
 //  * expanded to bf16 (the bf16 build's wide GEMM) from kMoeQuantExpandPairsPerExpert, where a
 //    step's fixed cost of writing the experts out pays: int8 / fp8 128 (2,048 rows: 3,048 us
@@ -562,25 +562,24 @@ inline MoeQuantForm moe_quant_form(int pairs) {
     return MoeQuantForm::kPerPair;
 }
 // The tensor-core form's token tiles per chunk (chunks of 8 TN pairs): 4 (each weight tile feeds 4
-// token tiles) once experts average kMoeQuantMmaWidePairsPerExpert pairs, else 1. Measured (H100,
-// Qwen3-30B-A3B's expert shape, uniform routing, us per call with 1 / 4 tiles; docs/CUDA.md
-// "Session 43"): MLX int4 256 rows (16 pairs per expert) 538 / 647, 512 rows 978 / 981, 1,024 rows
-// 1,888 / 1,705, so 32: its 4-tile kernel (255 registers in the SwiGLU launch: one block per SM)
-// pays only where the chunks fill; int8 128 rows 348 / 444, 256 rows 613 / 501, so 16 (the bf16
-// build's kMoeWidePairsPerExpert; fp8 as int8).
+// token tiles) once experts average kMoeWidePairsPerExpert (16) pairs, else 1, every format.
+// Measured (H100, docs/CUDA.md "Session 43"): with uniform routing at Qwen3-30B-A3B's expert shape
+// MLX int4 at 256 rows (16 pairs per expert) takes 538 us in 1-tile chunks against 647 in 4-tile
+// ones (its 4-tile SwiGLU kernel: 255 registers, one block per SM), level at 512 rows; but the
+// random 30B-A3B's uneven routing (hot experts with many pairs) decodes batch 256 faster in 4-tile
+// chunks (6,549 tok/s against 6,322, one call), so the threshold stays 16. int8 128 rows 348 / 444
+// us, 256 rows 613 / 501.
 // SCR_CUDA_MOE_QMMA_TN=1|4 forces one for every step (A/B runs; a pair's bits do not depend on TN).
-template <class F>
-constexpr int kMoeQuantMmaWidePairsPerExpert = F::kAffine ? 32 : 16;
 inline int moe_quant_mma_tn_forced() {
     static const int v =
         int(env_int_switch("SCR_CUDA_MOE_QMMA_TN", 0, [](long long n) { return n == 1 || n == 4; }, "1 or 4", "the rule"));
     return v;
 }
-template <int E, class F>
+template <int E>
 inline int moe_quant_mma_tn(int pairs) {
     if (moe_quant_mma_tn_override() != 0) return moe_quant_mma_tn_override();
     if (const int forced = moe_quant_mma_tn_forced()) return forced;
-    return pairs >= kMoeQuantMmaWidePairsPerExpert<F> * E ? 4 : 1;
+    return pairs >= kMoeWidePairsPerExpert * E ? 4 : 1;
 }
 // The expansion's floats when steps of up to `rows` rows may expand by the rule (else 0).
 template <int H, int FF, int E, int TOPK, class F>
@@ -626,7 +625,7 @@ void moe_quant_experts(const Ctx& c, int rows, const float* x, const void* const
                 qdetail::launch_moe_quant_mma<H, FF, TN, true, TOPK, 0, F>(c, g.max_chunks, x, experts, g.order, g.chunks, g.n_chunks, act);
                 qdetail::launch_moe_quant_mma<FF, H, TN, false, 1, 2, F>(c, g.max_chunks, act, experts, g.order, g.chunks, g.n_chunks, y);
             };
-            if (moe_quant_mma_tn<E, F>(pairs) == 4) run.template operator()<4>();
+            if (moe_quant_mma_tn<E>(pairs) == 4) run.template operator()<4>();
             else run.template operator()<1>();
         }
     } else if (form == MoeQuantForm::kGroupedGemv) {
