@@ -185,9 +185,9 @@ struct L2Plan {
 // launches, default 0) set the byte budgets, 0 turning that site off.
 enum class L2Site { attention, gemv };
 inline int64_t l2_prefetch_budget(L2Site site) {
-    auto megabytes = [](const char* name, double fallback) {
-        const char* e = std::getenv(name);
-        return int64_t((e ? std::atof(e) : fallback) * 1048576.0);
+    auto megabytes = [](const char* name, long long fallback) {  // whole MiB, at most L2's 50 MiB
+        return int64_t(env_int_switch(name, fallback, [](long long mb) { return mb >= 0 && mb <= 50; }, "a whole MiB count from 0 to 50")) *
+               1048576;
     };
     static const bool on = env_flag_switch("SCR_CUDA_L2_PREFETCH", false);
     static const int64_t attention = megabytes("SCR_CUDA_L2_PREFETCH_MB", 12);

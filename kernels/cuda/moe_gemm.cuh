@@ -39,9 +39,13 @@ namespace detail {
 // Chunk size in pairs of a TN-column GEMM launch.
 constexpr int moe_chunk_pairs(int tn) { return tn * 8; }
 
-template <int E, int CR>
+// Experts with wide_from pairs or more (wide_chunks non-null) are cut into chunks of CRW pairs in
+// their own table `wide_chunks`, their count in n_chunks[1]; the rest into chunks of CR in `chunks`,
+// their count in n_chunks[0]. Without a wide table every expert takes chunks of CR.
+template <int E, int CR, int CRW = CR>
 __global__ void __launch_bounds__(1024) moe_group_kernel(int pairs, const int32_t* __restrict__ top_id, int32_t* __restrict__ order,
-                                                         MoeChunk* __restrict__ chunks, int32_t* __restrict__ n_chunks) {
+                                                         MoeChunk* __restrict__ chunks, int32_t* __restrict__ n_chunks,
+                                                         MoeChunk* __restrict__ wide_chunks = nullptr, int wide_from = 0) {
     __shared__ int count[E], first[E], cursor[E], chunk0[E];
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         count[e] = 0;
@@ -50,37 +54,50 @@ __global__ void __launch_bounds__(1024) moe_group_kernel(int pairs, const int32_
     __syncthreads();
     for (int i = threadIdx.x; i < pairs; i += blockDim.x) atomicAdd(&count[top_id[i]], 1);
     __syncthreads();
-    if (threadIdx.x < kWarp) {  // exclusive scans of the pair and chunk counts, one warp
+    const bool split = wide_chunks != nullptr;
+    auto wide = [&](int e) { return split && count[e] >= wide_from; };
+    if (threadIdx.x < kWarp) {  // exclusive scans of the pair and the two tables' chunk counts, one warp
         constexpr int kPer = (E + kWarp - 1) / kWarp;
         const int lane = threadIdx.x;
-        int s = 0, c = 0;
+        int s = 0, c = 0, cw = 0;
         for (int j = 0; j < kPer; ++j) {
             const int e = lane * kPer + j;
             if (e < E) {
                 s += count[e];
-                c += (count[e] + CR - 1) / CR;
+                if (wide(e)) cw += (count[e] + CRW - 1) / CRW;
+                else c += (count[e] + CR - 1) / CR;
             }
         }
-        int si = s, ci = c;
+        int si = s, ci = c, cwi = cw;
 #pragma unroll
         for (int o = 1; o < kWarp; o <<= 1) {
-            const int a = __shfl_up_sync(0xffffffffu, si, o), b = __shfl_up_sync(0xffffffffu, ci, o);
+            const int a = __shfl_up_sync(0xffffffffu, si, o), b = __shfl_up_sync(0xffffffffu, ci, o),
+                      d = __shfl_up_sync(0xffffffffu, cwi, o);
             if (lane >= o) {
                 si += a;
                 ci += b;
+                cwi += d;
             }
         }
-        int at = si - s, nc = ci - c;
+        int at = si - s, nc = ci - c, nw = cwi - cw;
         for (int j = 0; j < kPer; ++j) {
             const int e = lane * kPer + j;
             if (e < E) {
                 first[e] = at;
-                chunk0[e] = nc;
                 at += count[e];
-                nc += (count[e] + CR - 1) / CR;
+                if (wide(e)) {
+                    chunk0[e] = nw;
+                    nw += (count[e] + CRW - 1) / CRW;
+                } else {
+                    chunk0[e] = nc;
+                    nc += (count[e] + CR - 1) / CR;
+                }
             }
         }
-        if (lane == kWarp - 1) *n_chunks = ci;
+        if (lane == kWarp - 1) {
+            n_chunks[0] = ci;
+            if (split) n_chunks[1] = cwi;
+        }
     }
     __syncthreads();
     // A pair's slot inside its expert's run follows the atomics' order: harmless, since the column a
@@ -89,8 +106,12 @@ __global__ void __launch_bounds__(1024) moe_group_kernel(int pairs, const int32_
         const int e = top_id[i];
         order[first[e] + atomicAdd(&cursor[e], 1)] = i;
     }
-    for (int e = threadIdx.x; e < E; e += blockDim.x)
-        for (int j = 0; j * CR < count[e]; ++j) chunks[chunk0[e] + j] = MoeChunk{e, first[e] + j * CR, min(CR, count[e] - j * CR), 0};
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        const bool w = wide(e);
+        const int cr = w ? CRW : CR;
+        MoeChunk* table = w ? wide_chunks : chunks;
+        for (int j = 0; j * cr < count[e]; ++j) table[chunk0[e] + j] = MoeChunk{e, first[e] + j * cr, min(cr, count[e] - j * cr), 0};
+    }
 }
 
 // The outputs lane (g, t) holds after a chunk's MMAs: rows g and g + 8 of each tile for the pair
@@ -521,6 +542,27 @@ MoeGrouping launch_moe_group(const Ctx& c, int pairs, const int32_t* top_id, flo
     const MoeGroupScratch s = moe_group_scratch(group, pairs);
     detail::moe_group_kernel<E, CR><<<1, 1024, 0, c.stream>>>(pairs, top_id, s.order, s.chunks, s.n_chunks);
     return {s, std::min(pairs, pairs / CR + E)};
+}
+
+// A grouping with a chunk size per expert: experts with wide_from (>= 2) pairs or more in chunks of
+// CRW pairs (`wide`, their count at n_chunks + 1, at most max_wide of them), the rest in chunks of
+// CR (as launch_moe_group). The wide table follows the narrow one's bound in the chunk scratch:
+// pairs / CR + E + pairs / CRW + pairs / wide_from <= pairs + E entries.
+struct MoeSplitGrouping : MoeGrouping {
+    MoeChunk* wide;
+    int max_wide;
+};
+template <int E, int CR, int CRW>
+MoeSplitGrouping launch_moe_group_split(const Ctx& c, int pairs, const int32_t* top_id, float* group, int wide_from) {
+    static_assert(CR >= 4 && CRW >= CR, "the two tables fit the chunk scratch for chunks of 4+ pairs");
+    const MoeGroupScratch s = moe_group_scratch(group, pairs);
+    const int max_narrow = std::min(pairs, pairs / CR + E);
+    // each wide expert's last chunk may be partial; wide experts number at most pairs / wide_from
+    wide_from = std::max(wide_from, 2);
+    const int max_wide = pairs / CRW + std::min(E, pairs / wide_from);
+    MoeChunk* wide = s.chunks + max_narrow;
+    detail::moe_group_kernel<E, CR, CRW><<<1, 1024, 0, c.stream>>>(pairs, top_id, s.order, s.chunks, s.n_chunks, wide, wide_from);
+    return {{s, max_narrow}, wide, max_wide};
 }
 
 // Steps whose experts average this many pairs or more are wide (32-pair chunks; moe_gemm_rows_kernel

@@ -423,6 +423,7 @@ void launch_moe_quant_mma(const Ctx& c, int max_chunks, const float* x, const vo
     constexpr int threads = kMoeQuantMmaWarps<K, F> * kWarp;
     static const int resident = detail::resident_blocks(kernel, threads);
     const int grid = int(std::min<int64_t>(int64_t(max_chunks) * (N / detail::kMmaRows), resident));
+    if (grid == 0) return;  // no chunk can come (a per-expert grouping's wide table for a few pairs)
     kernel<<<grid, threads, 0, c.stream>>>(x, experts, order, chunks, n_chunks, out);
 }
 
@@ -530,7 +531,8 @@ __global__ void __launch_bounds__(256) moe_qexpand_kernel(const void* const* __r
 //    165 per pair, at 8 rows 93 against 92; int8 at 16 rows 184 against 171 with uniform routing,
 //    but the random 30B-A3B's uneven routing decodes at batch 16 1.64x faster (2,471 against 1,503
 //    tok/s): fewer picked experts, so fewer chunks, while the GEMVs' cost follows the pairs;
-//  * the tensor-core form from there (chunks of 8 pairs, or 32 from kMoeWidePairsPerExpert):
+//  * the tensor-core form from there (chunks of 8 pairs, or 32 for an expert's many pairs:
+//    moe_quant_mma_width):
 //    64 rows 229 / 281 us (per pair 591 / 543; the bf16 experts' grouped GEMMs 425);
 //  * expanded to bf16 (the bf16 build's wide GEMM) from kMoeQuantExpandPairsPerExpert, where a
 //    step's fixed cost of writing the experts out pays: int8 / fp8 128 (2,048 rows: 3,048 us
@@ -561,25 +563,34 @@ inline MoeQuantForm moe_quant_form(int pairs) {
     if (mma_fits && pairs >= kMoeQuantMmaPairsPerExpert * E) return MoeQuantForm::kMma;
     return MoeQuantForm::kPerPair;
 }
-// The tensor-core form's token tiles per chunk (chunks of 8 TN pairs): 4 (each weight tile feeds 4
-// token tiles) once experts average kMoeWidePairsPerExpert (16) pairs, else 1, every format.
-// Measured (H100, docs/CUDA.md "Session 43"): with uniform routing at Qwen3-30B-A3B's expert shape
-// MLX int4 at 256 rows (16 pairs per expert) takes 538 us in 1-tile chunks against 647 in 4-tile
-// ones (its 4-tile SwiGLU kernel: 255 registers, one block per SM), level at 512 rows; but the
-// random 30B-A3B's uneven routing (hot experts with many pairs) decodes batch 256 faster in 4-tile
-// chunks (6,549 tok/s against 6,322, one call), so the threshold stays 16. int8 128 rows 348 / 444
-// us, 256 rows 613 / 501.
-// SCR_CUDA_MOE_QMMA_TN=1|4 forces one for every step (A/B runs; a pair's bits do not depend on TN).
-inline int moe_quant_mma_tn_forced() {
-    static const int v =
-        int(env_int_switch("SCR_CUDA_MOE_QMMA_TN", 0, [](long long n) { return n == 1 || n == 4; }, "1 or 4", "the rule"));
+// The tensor-core form's token tiles per chunk (chunks of 8 TN pairs). Below kMoeWidePairsPerExpert
+// (16) pairs per expert on average: 1 for every expert. From there int8 / fp8 take 4 for every
+// expert (each weight tile read once per 32 pairs), MLX int4 4 only for the experts holding
+// kMoeQmmaWideFrom<F> (32) pairs or more and 1 for the rest, in two launches per matrix: its 4-tile
+// SwiGLU kernel takes 255 registers (one block per SM; int8's 128) and pays only on long runs.
+// Measured (H100, Qwen3-30B-A3B's expert shape, us per call, 1-tile / 4-tile / per expert;
+// docs/CUDA.md "Session 44"): MLX int4 at 256 rows 541 / 651 / 545 with uniform routing and 536 /
+// 754 / 525 with hot experts (half of each row's picks among 8), at 2,048 rows 3,679 / 3,129 /
+// 3,146; int8 at 256 rows 625 / 496 / 527 uniform, 628 / 611 / 582 hot. End to end on the random
+// 30B-A3B (its router sends most rows to a few experts), one call: MLX int4 batch 256 6,311 / 6,550 /
+// 6,587 tok/s, prefill 8,473 / 9,612 / 9,583; int8 batch 256 6,886 / 7,427 / 7,328; at batch 64
+// (below the threshold) per expert was no faster (int4 4,549 / 4,245 / 4,464).
+// SCR_CUDA_MOE_QMMA_TN=1|4|expert forces one for every step (A/B runs; a pair's bits do not depend
+// on its chunk's width).
+template <class F>
+constexpr int kMoeQmmaWideFrom = F::kAffine ? 32 : 16;
+inline MoeQmmaWidth moe_quant_mma_tn_forced() {
+    static const MoeQmmaWidth v = env_choice_switch(
+        "SCR_CUDA_MOE_QMMA_TN", MoeQmmaWidth::kRule,
+        {{"1", MoeQmmaWidth::kOne}, {"4", MoeQmmaWidth::kFour}, {"expert", MoeQmmaWidth::kPerExpert}}, "the rule");
     return v;
 }
-template <int E>
-inline int moe_quant_mma_tn(int pairs) {
-    if (moe_quant_mma_tn_override() != 0) return moe_quant_mma_tn_override();
-    if (const int forced = moe_quant_mma_tn_forced()) return forced;
-    return pairs >= kMoeWidePairsPerExpert * E ? 4 : 1;
+template <int E, class F>
+inline MoeQmmaWidth moe_quant_mma_width(int pairs) {
+    if (moe_quant_mma_tn_override() != MoeQmmaWidth::kRule) return moe_quant_mma_tn_override();
+    if (const MoeQmmaWidth forced = moe_quant_mma_tn_forced(); forced != MoeQmmaWidth::kRule) return forced;
+    if (pairs < kMoeWidePairsPerExpert * E) return MoeQmmaWidth::kOne;
+    return F::kAffine ? MoeQmmaWidth::kPerExpert : MoeQmmaWidth::kFour;
 }
 // The expansion's floats when steps of up to `rows` rows may expand by the rule (else 0).
 template <int H, int FF, int E, int TOPK, class F>
@@ -625,8 +636,20 @@ void moe_quant_experts(const Ctx& c, int rows, const float* x, const void* const
                 qdetail::launch_moe_quant_mma<H, FF, TN, true, TOPK, 0, F>(c, g.max_chunks, x, experts, g.order, g.chunks, g.n_chunks, act);
                 qdetail::launch_moe_quant_mma<FF, H, TN, false, 1, 2, F>(c, g.max_chunks, act, experts, g.order, g.chunks, g.n_chunks, y);
             };
-            if (moe_quant_mma_tn<E>(pairs) == 4) run.template operator()<4>();
-            else run.template operator()<1>();
+            switch (moe_quant_mma_width<E, F>(pairs)) {
+                case MoeQmmaWidth::kFour: run.template operator()<4>(); break;
+                case MoeQmmaWidth::kPerExpert: {
+                    // the wide experts' longer items first, then the narrow ones
+                    constexpr int kNarrow = detail::moe_chunk_pairs(1), kWide = detail::moe_chunk_pairs(4);
+                    const MoeSplitGrouping g = launch_moe_group_split<E, kNarrow, kWide>(c, pairs, top_id, group, kMoeQmmaWideFrom<F>);
+                    qdetail::launch_moe_quant_mma<H, FF, 4, true, TOPK, 0, F>(c, g.max_wide, x, experts, g.order, g.wide, g.n_chunks + 1, act);
+                    qdetail::launch_moe_quant_mma<H, FF, 1, true, TOPK, 0, F>(c, g.max_chunks, x, experts, g.order, g.chunks, g.n_chunks, act);
+                    qdetail::launch_moe_quant_mma<FF, H, 4, false, 1, 2, F>(c, g.max_wide, act, experts, g.order, g.wide, g.n_chunks + 1, y);
+                    qdetail::launch_moe_quant_mma<FF, H, 1, false, 1, 2, F>(c, g.max_chunks, act, experts, g.order, g.chunks, g.n_chunks, y);
+                    break;
+                }
+                default: run.template operator()<1>();
+            }
         }
     } else if (form == MoeQuantForm::kGroupedGemv) {
         // Forced only (SCR_CUDA_MOE_GEMM=1, moe_gemm_override() = 1): on the H100 the grouped GEMVs

@@ -17,15 +17,20 @@ using scr::kernels::cuda::env_int_switch;
 constexpr const char* kName = "SCR_TEST_ENV_INT_SWITCH";
 const auto kOneToEight = [](long long n) { return n >= 1 && n <= 8; };
 
-// The switch read with `value` set (null: unset), and what it wrote to stderr.
-std::pair<long long, std::string> read_with(const char* value, const char* fallback_name = nullptr) {
+// What `read()` returns with kName set to `value` (null: unset), and what it wrote to stderr.
+template <class Read>
+auto read_env_with(const char* value, Read read) {
     if (value) setenv(kName, value, 1);
     else unsetenv(kName);
     testing::internal::CaptureStderr();
-    const long long v = env_int_switch(kName, 5, kOneToEight, "1 to 8", fallback_name);
+    const auto v = read();
     const std::string err = testing::internal::GetCapturedStderr();
     unsetenv(kName);
-    return {v, err};
+    return std::pair{v, err};
+}
+
+std::pair<long long, std::string> read_with(const char* value, const char* fallback_name = nullptr) {
+    return read_env_with(value, [&] { return env_int_switch(kName, 5, kOneToEight, "1 to 8", fallback_name); });
 }
 
 TEST(EnvIntSwitch, UnsetOrEmptyGivesTheDefaultQuietly) {
@@ -64,13 +69,9 @@ TEST(EnvIntSwitch, TheDefaultCanBeNamedInWords) {
 enum class Form { kRule, kOff, kOn, kMma };
 
 std::pair<Form, std::string> choose_with(const char* value) {
-    if (value) setenv(kName, value, 1);
-    else unsetenv(kName);
-    testing::internal::CaptureStderr();
-    const Form f = env_choice_switch(kName, Form::kRule, {{"0", Form::kOff}, {"1", Form::kOn}, {"mma", Form::kMma}}, "the row rule");
-    const std::string err = testing::internal::GetCapturedStderr();
-    unsetenv(kName);
-    return {f, err};
+    return read_env_with(value, [] {
+        return env_choice_switch(kName, Form::kRule, {{"0", Form::kOff}, {"1", Form::kOn}, {"mma", Form::kMma}}, "the row rule");
+    });
 }
 
 TEST(EnvChoiceSwitch, UnsetOrEmptyGivesTheDefaultQuietly) {
@@ -101,15 +102,7 @@ TEST(EnvChoiceSwitch, AnythingElseIsNamedWithTheChoicesAndGivesTheDefault) {
 
 TEST(EnvFlagSwitch, ZeroOrOneElseTheDefaultNamed) {
     for (const bool fallback : {false, true}) {
-        auto read = [&](const char* value) {
-            if (value) setenv(kName, value, 1);
-            else unsetenv(kName);
-            testing::internal::CaptureStderr();
-            const bool on = env_flag_switch(kName, fallback);
-            const std::string err = testing::internal::GetCapturedStderr();
-            unsetenv(kName);
-            return std::pair{on, err};
-        };
+        auto read = [&](const char* value) { return read_env_with(value, [&] { return env_flag_switch(kName, fallback); }); };
         EXPECT_EQ(read(nullptr), std::pair(fallback, std::string()));
         EXPECT_EQ(read("0"), std::pair(false, std::string()));
         EXPECT_EQ(read("1"), std::pair(true, std::string()));

@@ -17,8 +17,8 @@
 #   30b     a Qwen3-30B-A3B-shaped model (random bf16, /dev/shm), its MLX int4 g64 quantization
 #           and the other presets of VARIANTS (`scr quantize`), each quantized model's greedy ids after
 #           a 300-token prompt per pair and by default (wide prefill expanded), `scr cuda-bench` of each of VARIANTS:
-#           bf16 or a preset name, +grouped forcing the grouped experts (SCR_CUDA_MOE_GEMM=1), +tn1 or
-#           +tn4 the tensor-core form's chunk width (SCR_CUDA_MOE_QMMA_TN);
+#           bf16 or a preset name, +grouped forcing the grouped experts (SCR_CUDA_MOE_GEMM=1), +tn1,
+#           +tn4 or +tnexpert the tensor-core form's chunk width (SCR_CUDA_MOE_QMMA_TN);
 #   wide    (asked for by name) the 30B's MLX int4 g64 decode at batch 256 (wide steps in a graph)
 #           per pair and by default (expanded), then scr_cuda_moe --no-bench under memcheck.
 set -u
@@ -32,7 +32,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 
 if [[ " ${PARTS:-checks 30b} " == *" checks "* ]]; then
     device_unpack "$CARRY" /tmp/scr-moeq-bin
-    step moe_checks 240 $C/scr_cuda_moe
+    step moe_checks 300 $C/scr_cuda_moe
     grep -E "^FAIL|passed|FAILED|^\|" "$LOGS/moe_checks.txt"
     if [ -n "${BASE:-}" ]; then  # A/B of the experts' times: BASE's scr_cuda_moe and ours, alternating
         N=$C
@@ -86,7 +86,7 @@ if [[ " ${PARTS:-checks 30b} " == *" 30b "* ]]; then
         [ $p = bf16 ] || m=$M-$p
         case $v in
         *+grouped) e=SCR_CUDA_MOE_GEMM=1 ;;
-        *+tn[14]) e=SCR_CUDA_MOE_QMMA_TN=${v##*+tn} ;;
+        *+tn1 | *+tn4 | *+tnexpert) e=SCR_CUDA_MOE_QMMA_TN=${v##*+tn} ;;
         esac
         step bench_30b_$v 170 env $e $C/scr cuda-bench $m --prompt 64 --decode 64 --prefill 2048 --batches ${BATCHES:-16,64} --batch-steps 16
         echo "== 30b $v:"; grep -h '^batch-1 decode\|^decode batch\|^prefill\|floor' "$LOGS/bench_30b_$v.txt" | cut -c1-200

@@ -10,16 +10,18 @@
 //     bits of the same row launched alone (narrow steps), or of the same row in the launch of the
 //     same rows reversed (wide steps: another kernel, its own regime);
 //   * routings: uniform (distinct random experts per row) and skewed (every row picks the same
-//     experts: long runs cut into many chunks); outputs poisoned with NaN first.
+//     experts: long runs cut into many chunks), for the quantized experts also hot (half of each
+//     row's picks among K hot experts); outputs poisoned with NaN first.
 // Shapes: a small one, the tiny Qwen3-MoE fixture's (H 96, F 64, 4 experts, top 2) and
 // Qwen3-30B-A3B's (H 2048, F 768, 128 experts, top 8). Then the quantized experts (moe_quant.cuh:
 // MLX int4 g32 / g64 / g128, int8, fp8 per channel and per tensor) against float64 and alone vs
 // in a batch, their tensor-core form (forced at every row count) against float64, alone vs in a
-// batch and in chunks of 1 and 4 token tiles (the same bits), and their wide steps (the experts
-// expanded to bf16 hi + lo) against float64 and with the rows reversed. Then (unless --no-bench)
-// the time per call at Qwen3-30B-A3B's shape: the quantized experts in each form (per pair, grouped
-// GEMVs, tensor cores in chunks of 1 / 4 tiles, expanded, the default rule) beside the bf16
-// ones for 1 to 4,096 rows, and both bf16 implementations for 1 to 2,048 rows.
+// batch and in chunks of 1 and 4 token tiles or a width per expert (the same bits), and their wide
+// steps (the experts expanded to bf16 hi + lo) against float64 and with the rows reversed. Then
+// (unless --no-bench) the time per call at Qwen3-30B-A3B's shape: the quantized experts in each
+// form (per pair, grouped GEMVs, tensor cores in chunks of 1 / 4 tiles / per expert, expanded, the
+// default rule) beside the bf16 ones for 1 to 4,096 rows (uniform routing) and 32 to 1,024 (hot),
+// and both bf16 implementations for 1 to 2,048 rows.
 // Exit: 0 all checks passed, 1 a check failed, 77 no GPU (ctest skips).
 #include <cuda_runtime_api.h>
 
@@ -106,16 +108,31 @@ struct Routing {
     std::vector<float> weights;
 };
 
+// uniform: distinct random experts per row; skewed: every row the same K experts; hot: half of
+// each row's picks among K hot experts (each holds ~rows / 2 pairs), the rest among the others
+// (where E >= 2K; else uniform), the mix of long and short runs a real router gives.
+enum class Route { kUniform, kSkewed, kHot };
+const char* route_name(Route route) { return route == Route::kUniform ? "uniform" : route == Route::kSkewed ? "skewed" : "hot"; }
+
 template <int E, int K>
-Routing make_routing(int rows, bool skewed, std::mt19937& rng) {
+Routing make_routing(int rows, Route route, std::mt19937& rng) {
     Routing r;
     std::uniform_real_distribution<float> wd(0.05f, 1.0f);
     std::vector<int32_t> all(E);
     std::iota(all.begin(), all.end(), 0);
+    const bool hot = route == Route::kHot && E >= 2 * K;
     for (int i = 0; i < rows; ++i) {
-        if (!skewed) std::shuffle(all.begin(), all.end(), rng);
+        if (hot) {
+            std::shuffle(all.begin(), all.begin() + K, rng);  // the hot experts 0 .. K-1
+            std::shuffle(all.begin() + K, all.end(), rng);
+        } else if (route != Route::kSkewed) {
+            std::shuffle(all.begin(), all.end(), rng);
+        }
         for (int j = 0; j < K; ++j) {
-            r.ids.push_back(skewed ? (j * 7 + 3) % E : all[j]);  // skewed: the same K experts for every row
+            int32_t e = all[j];
+            if (route == Route::kSkewed) e = (j * 7 + 3) % E;  // the same K experts for every row
+            else if (hot && j >= K / 2) e = all[K + j];  // past the hot picks: the shuffled others
+            r.ids.push_back(e);
             r.weights.push_back(wd(rng));
         }
     }
@@ -209,7 +226,7 @@ int check_shape(const Shape<H, F, E, K>& s, cudaStream_t st, std::initializer_li
             std::vector<float> x(size_t(rows) * H), res(size_t(rows) * H);
             for (auto& v : x) v = xd(rng);
             for (auto& v : res) v = xd(rng);
-            const Routing r = make_routing<E, K>(rows, skewed, rng);
+            const Routing r = make_routing<E, K>(rows, skewed ? Route::kSkewed : Route::kUniform, rng);
             // rows checked against the reference (all of small launches, 8 spread over large ones)
             std::vector<int> check;
             const int stride = rows <= 16 ? 1 : rows / 8;
@@ -403,12 +420,12 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
     std::uniform_real_distribution<float> xd(-1.0f, 1.0f);
     Ctx c;
     c.stream = st;
-    for (const bool skewed : {false, true})
+    for (const Route route : {Route::kUniform, Route::kSkewed, Route::kHot})
         for (const int rows : row_counts) {
             std::vector<float> x(size_t(rows) * H), res(size_t(rows) * H);
             for (auto& v : x) v = xd(rng);
             for (auto& v : res) v = xd(rng);
-            const Routing r = make_routing<E, K>(rows, skewed, rng);
+            const Routing r = make_routing<E, K>(rows, route, rng);
             std::vector<int> check;
             const int stride = rows <= 16 ? 1 : rows / 8;
             for (int i = 0; i < rows; i += stride) check.push_back(i);
@@ -447,7 +464,7 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
                         if (!(err <= bound[h])) {
                             if (bad++ < 3)
                                 std::printf("  %s rows %d %s%s row %d h %d: got %.9g want %.9g (bound %.3g)\n", s.name, rows,
-                                            skewed ? "skewed" : "uniform", form, i, h, out[size_t(i) * H + h], ref[h], bound[h]);
+                                            route_name(route), form, i, h, out[size_t(i) * H + h], ref[h], bound[h]);
                         } else {
                             worst = std::max(worst, err / bound[h]);
                         }
@@ -474,7 +491,8 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
             // The tensor-core form (forced, so at every row count): against the reference with the same
             // bound, and each checked row alone in it: the same bits.
             constexpr bool kMmaFits = qdetail::kMoeQuantMmaFits<H, F, Q> && qdetail::kMoeQuantMmaFits<F, H, Q>;
-            // Each chunk width (1 or 4 token tiles, forced) gives every row the same bits.
+            // Each chunk width (1 or 4 token tiles for every expert, or per expert; forced) gives every
+            // row the same bits.
             int bad_mma = 0, mma_differ = 0, tn_differ = 0;
             double worst_mma = 0.0;
             if constexpr (kMmaFits) {
@@ -482,12 +500,12 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
                 const std::vector<float> mma = launch(L, rows);
                 against_reference(mma, " (tensor cores)", bad_mma, worst_mma);
                 mma_differ = alone_differ(mma);
-                for (const int tn : {1, 4}) {
+                for (const MoeQmmaWidth tn : {MoeQmmaWidth::kOne, MoeQmmaWidth::kFour, MoeQmmaWidth::kPerExpert}) {
                     moe_quant_mma_tn_override() = tn;
                     const std::vector<float> at_tn = launch(L, rows);
                     for (int i = 0; i < rows; ++i) tn_differ += std::memcmp(&at_tn[size_t(i) * H], &mma[size_t(i) * H], H * 4) != 0;
                 }
-                moe_quant_mma_tn_override() = 0;
+                moe_quant_mma_tn_override() = MoeQmmaWidth::kRule;
                 moe_gemm_override() = -1;
             }
             // The experts expanded to bf16 and the grouped GEMM (a regime of its own; by default only
@@ -521,10 +539,10 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
             failures += !ok;
             std::printf("%s %s, %d rows %s (%zu checked): quantized experts %s (worst err/bound %.2e), grouped vs per-pair %s, "
                         "rows alone %s",
-                        ok ? "ok  " : "FAIL", s.name, rows, skewed ? "skewed" : "uniform", check.size(), bad ? "FAIL" : "pass", worst,
+                        ok ? "ok  " : "FAIL", s.name, rows, route_name(route), check.size(), bad ? "FAIL" : "pass", worst,
                         forms_differ ? "DIFFER" : "same bits", differ ? "DIFFER" : "same bits");
             if (kMmaFits)
-                std::printf("; tensor cores %s (worst err/bound %.2e), rows alone %s, chunks of 1 / 4 tiles %s",
+                std::printf("; tensor cores %s (worst err/bound %.2e), rows alone %s, chunks of 1 / 4 tiles / per expert %s",
                             bad_mma ? "FAIL" : "pass", worst_mma, mma_differ ? "DIFFER" : "same bits", tn_differ ? "DIFFER" : "same bits");
             if (expands)
                 std::printf("; expanded %s (worst err/bound %.2e), rows reversed %s", bad_wide ? "FAIL" : "pass", worst_wide,
@@ -535,12 +553,13 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
 }
 
 // Time per call of the quantized experts at a shape, beside the bf16 experts' per-pair GEMVs and
-// grouped GEMMs of the same shape (one run, the same stream; uniform routing).
+// grouped GEMMs of the same shape (one run, the same stream), for a routing and row counts.
 template <int H, int F, int E, int K, class Q>
-void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s, const char* fmt, cudaStream_t st) {
-    std::printf("\n%s, %s experts, us per call (events, mean after one warm-up; uniform routing):\n", q.name, fmt);
-    std::printf("| rows | pairs | %s per-pair GEMVs | %s grouped GEMVs | %s tensor cores, chunks of 1 / 4 tiles | %s expanded | "
-                "%s default | bf16 per-pair GEMVs | bf16 grouped GEMMs |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s, const char* fmt, cudaStream_t st, Route route,
+                      std::initializer_list<int> row_counts) {
+    std::printf("\n%s, %s experts, us per call (events, mean after one warm-up; %s routing):\n", q.name, fmt, route_name(route));
+    std::printf("| rows | pairs | %s per-pair GEMVs | %s grouped GEMVs | %s tensor cores, chunks of 1 / 4 tiles / per expert | "
+                "%s expanded | %s default | bf16 per-pair GEMVs | bf16 grouped GEMMs |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
                 fmt, fmt, fmt, fmt, fmt);
     std::mt19937 rng(77);
     std::uniform_real_distribution<float> xd(-1.0f, 1.0f);
@@ -549,17 +568,19 @@ void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
-    for (const int rows : {1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096}) {
+    for (const int rows : row_counts) {
         const bool expands = rows * K >= kMoeWidePairsPerExpert * E;
         Launch<H, F, E, K> L(rows, moe_quant_experts_floats<H, F, E, K, Q>(rows) + qdetail::kMoeQuantExpandFloats<H, F, E>);
         std::vector<float> x(size_t(rows) * H);
         for (auto& v : x) v = xd(rng);
-        const Routing r = make_routing<E, K>(rows, false, rng);
+        const Routing r = make_routing<E, K>(rows, route, rng);
         L.upload(x, x, r);
-        // quantized per pair, grouped GEMVs, tensor cores in chunks of 1 / 4 token tiles,
-        // expanded (wide rows), default (the row rules); bf16 per pair, grouped
-        constexpr int kPaths = 8, kQuantPaths = 6, kExpanded = 4;
-        constexpr int kOverride[kPaths] = {0, 1, 3, 3, 4, -1, 0, 1}, kTiles[kPaths] = {0, 0, 1, 4, 0, 0, 0, 0};
+        // quantized per pair, grouped GEMVs, tensor cores in chunks of 1 / 4 token tiles / per
+        // expert, expanded (wide rows), default (the row rules); bf16 per pair, grouped
+        constexpr int kPaths = 9, kQuantPaths = 7, kExpanded = 5;
+        using W = MoeQmmaWidth;
+        constexpr int kOverride[kPaths] = {0, 1, 3, 3, 3, 4, -1, 0, 1};
+        constexpr W kTiles[kPaths] = {W::kRule, W::kRule, W::kOne, W::kFour, W::kPerExpert, W::kRule, W::kRule, W::kRule, W::kRule};
         double us[kPaths] = {};
         for (int path = 0; path < kPaths; ++path) {
             if (path == kExpanded && !expands) continue;
@@ -580,11 +601,11 @@ void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s
             us[path] = 1000.0 * ms / iters;
         }
         moe_gemm_override() = -1;
-        moe_quant_mma_tn_override() = 0;
+        moe_quant_mma_tn_override() = W::kRule;
         char expanded[32] = "-";
         if (expands) std::snprintf(expanded, sizeof expanded, "%.1f", us[kExpanded]);
-        std::printf("| %d | %d | %.1f | %.1f | %.1f / %.1f | %s | %.1f | %.1f | %.1f |\n", rows, rows * K, us[0], us[1], us[2], us[3],
-                    expanded, us[5], us[6], us[7]);
+        std::printf("| %d | %d | %.1f | %.1f | %.1f / %.1f / %.1f | %s | %.1f | %.1f | %.1f |\n", rows, rows * K, us[0], us[1], us[2],
+                    us[3], us[4], expanded, us[6], us[7], us[8]);
     }
     cudaEventDestroy(a);
     cudaEventDestroy(b);
@@ -605,7 +626,7 @@ void time_shape(const Shape<H, F, E, K>& s, cudaStream_t st) {
         Launch<H, F, E, K> L(rows);
         std::vector<float> x(size_t(rows) * H);
         for (auto& v : x) v = xd(rng);
-        const Routing r = make_routing<E, K>(rows, false, rng);
+        const Routing r = make_routing<E, K>(rows, Route::kUniform, rng);
         L.upload(x, x, r);
         double us[2];
         for (int path = 0; path < 2; ++path) {
@@ -669,12 +690,18 @@ int main(int argc, char** argv) try {
     {
         const QShape<2048, 768, 128, 8, qdetail::MlxInt4<64, B>> q("H2048 F768 E128 top8 MLX int4 g64 (Qwen3-30B-A3B)", 36);
         failures += check_quant_shape(q, st, {1, 8, 260});
-        if (!(argc > 1 && std::strcmp(argv[1], "--no-bench") == 0)) time_quant_shape(q, big, "MLX int4 g64", st);
+        if (!(argc > 1 && std::strcmp(argv[1], "--no-bench") == 0)) {
+            time_quant_shape(q, big, "MLX int4 g64", st, Route::kUniform, {1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096});
+            time_quant_shape(q, big, "MLX int4 g64", st, Route::kHot, {32, 64, 128, 256, 512, 1024});
+        }
     }
     {
         const QShape<2048, 768, 128, 8, qdetail::Int8Channel<B>> q("H2048 F768 E128 top8 int8 (Qwen3-30B-A3B)", 37);
         failures += check_quant_shape(q, st, {1, 8, 260});
-        if (!(argc > 1 && std::strcmp(argv[1], "--no-bench") == 0)) time_quant_shape(q, big, "int8", st);
+        if (!(argc > 1 && std::strcmp(argv[1], "--no-bench") == 0)) {
+            time_quant_shape(q, big, "int8", st, Route::kUniform, {1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096});
+            time_quant_shape(q, big, "int8", st, Route::kHot, {32, 64, 128, 256, 512, 1024});
+        }
     }
     std::printf("%s\n", failures ? "FAILED" : "all MoE expert checks passed");
     if (!(argc > 1 && std::strcmp(argv[1], "--no-bench") == 0)) time_shape(big, st);
