@@ -579,7 +579,7 @@ inline MoeQuantForm moe_quant_form(int pairs) {
 // on its chunk's width).
 template <class F>
 constexpr int kMoeQmmaWideFrom = F::kAffine ? 32 : 16;
-inline MoeQmmaWidth moe_quant_mma_tn_forced() {
+inline MoeQmmaWidth moe_quant_mma_width_forced() {
     static const MoeQmmaWidth v = env_choice_switch(
         "SCR_CUDA_MOE_QMMA_TN", MoeQmmaWidth::kRule,
         {{"1", MoeQmmaWidth::kOne}, {"4", MoeQmmaWidth::kFour}, {"expert", MoeQmmaWidth::kPerExpert}}, "the rule");
@@ -587,8 +587,8 @@ inline MoeQmmaWidth moe_quant_mma_tn_forced() {
 }
 template <int E, class F>
 inline MoeQmmaWidth moe_quant_mma_width(int pairs) {
-    if (moe_quant_mma_tn_override() != MoeQmmaWidth::kRule) return moe_quant_mma_tn_override();
-    if (const MoeQmmaWidth forced = moe_quant_mma_tn_forced(); forced != MoeQmmaWidth::kRule) return forced;
+    if (moe_quant_mma_width_override() != MoeQmmaWidth::kRule) return moe_quant_mma_width_override();
+    if (const MoeQmmaWidth forced = moe_quant_mma_width_forced(); forced != MoeQmmaWidth::kRule) return forced;
     if (pairs < kMoeWidePairsPerExpert * E) return MoeQmmaWidth::kOne;
     return F::kAffine ? MoeQmmaWidth::kPerExpert : MoeQmmaWidth::kFour;
 }

@@ -45,8 +45,8 @@ inline int& moe_gemm_override() {
 // The quantized experts' tensor-core form's token tiles per chunk (kernels/cuda/moe_quant.cuh,
 // moe_quant_mma_width): kRule: SCR_CUDA_MOE_QMMA_TN or the rule decides; kOne / kFour: that many
 // for every expert; kPerExpert: 4 for the experts with many pairs, 1 for the rest.
-enum class MoeQmmaWidth { kRule = 0, kOne = 1, kFour = 4, kPerExpert = 5 };
-inline MoeQmmaWidth& moe_quant_mma_tn_override() {
+enum class MoeQmmaWidth { kRule, kOne, kFour, kPerExpert };
+inline MoeQmmaWidth& moe_quant_mma_width_override() {
     static MoeQmmaWidth v = MoeQmmaWidth::kRule;
     return v;
 }

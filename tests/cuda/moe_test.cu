@@ -501,11 +501,11 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
                 against_reference(mma, " (tensor cores)", bad_mma, worst_mma);
                 mma_differ = alone_differ(mma);
                 for (const MoeQmmaWidth tn : {MoeQmmaWidth::kOne, MoeQmmaWidth::kFour, MoeQmmaWidth::kPerExpert}) {
-                    moe_quant_mma_tn_override() = tn;
+                    moe_quant_mma_width_override() = tn;
                     const std::vector<float> at_tn = launch(L, rows);
                     for (int i = 0; i < rows; ++i) tn_differ += std::memcmp(&at_tn[size_t(i) * H], &mma[size_t(i) * H], H * 4) != 0;
                 }
-                moe_quant_mma_tn_override() = MoeQmmaWidth::kRule;
+                moe_quant_mma_width_override() = MoeQmmaWidth::kRule;
                 moe_gemm_override() = -1;
             }
             // The experts expanded to bf16 and the grouped GEMM (a regime of its own; by default only
@@ -589,7 +589,7 @@ void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s
                 else L.run(c, s, rows);
             };
             moe_gemm_override() = kOverride[path];
-            moe_quant_mma_tn_override() = kTiles[path];
+            moe_quant_mma_width_override() = kTiles[path];
             const int iters = rows >= 1024 ? 2 : rows >= 256 ? 5 : 20;
             one();
             CK(cudaEventRecord(a, st));
@@ -601,7 +601,7 @@ void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s
             us[path] = 1000.0 * ms / iters;
         }
         moe_gemm_override() = -1;
-        moe_quant_mma_tn_override() = W::kRule;
+        moe_quant_mma_width_override() = W::kRule;
         char expanded[32] = "-";
         if (expands) std::snprintf(expanded, sizeof expanded, "%.1f", us[kExpanded]);
         std::printf("| %d | %d | %.1f | %.1f | %.1f / %.1f / %.1f | %s | %.1f | %.1f | %.1f |\n", rows, rows * K, us[0], us[1], us[2],
@@ -652,6 +652,7 @@ void time_shape(const Shape<H, F, E, K>& s, cudaStream_t st) {
 
 int main(int argc, char** argv) try {
     if (scr::test_cuda::no_gpu()) return scr::test_cuda::kSkipped;
+    const bool bench = !(argc > 1 && std::strcmp(argv[1], "--no-bench") == 0);
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
     int failures = 0;
@@ -690,7 +691,7 @@ int main(int argc, char** argv) try {
     {
         const QShape<2048, 768, 128, 8, qdetail::MlxInt4<64, B>> q("H2048 F768 E128 top8 MLX int4 g64 (Qwen3-30B-A3B)", 36);
         failures += check_quant_shape(q, st, {1, 8, 260});
-        if (!(argc > 1 && std::strcmp(argv[1], "--no-bench") == 0)) {
+        if (bench) {
             time_quant_shape(q, big, "MLX int4 g64", st, Route::kUniform, {1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096});
             time_quant_shape(q, big, "MLX int4 g64", st, Route::kHot, {32, 64, 128, 256, 512, 1024});
         }
@@ -698,13 +699,13 @@ int main(int argc, char** argv) try {
     {
         const QShape<2048, 768, 128, 8, qdetail::Int8Channel<B>> q("H2048 F768 E128 top8 int8 (Qwen3-30B-A3B)", 37);
         failures += check_quant_shape(q, st, {1, 8, 260});
-        if (!(argc > 1 && std::strcmp(argv[1], "--no-bench") == 0)) {
+        if (bench) {
             time_quant_shape(q, big, "int8", st, Route::kUniform, {1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096});
             time_quant_shape(q, big, "int8", st, Route::kHot, {32, 64, 128, 256, 512, 1024});
         }
     }
     std::printf("%s\n", failures ? "FAILED" : "all MoE expert checks passed");
-    if (!(argc > 1 && std::strcmp(argv[1], "--no-bench") == 0)) time_shape(big, st);
+    if (bench) time_shape(big, st);
     return failures ? 1 : 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "scr_cuda_moe: %s\n", e.what());
