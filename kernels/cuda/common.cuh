@@ -329,6 +329,31 @@ cudaError_t launch_ex(const Ctx& c, void (*kernel)(Params...), dim3 grid, dim3 b
     cfg.numAttrs = cluster_z > 1 ? 2 : 1;
     return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
+// Queues on_main(c) on the step's stream and on_side(side) on Ctx::side, forked after what the
+// stream holds and joined before whatever it is given next, so the two parts may run at once (in a
+// graph capture the fork and join become the graph's edges). The parts must not read or write each
+// other's outputs. Without a side stream both run on the step's stream, the main part first. The
+// side part's kernels are not programmatic dependents (their predecessor is the fork's wait). A
+// failed event call is left, as a failed launch is, for the caller's cudaGetLastError().
+template <class Main, class Side>
+void fork_join(const Ctx& c, Main&& on_main, Side&& on_side) {
+    if (!c.side) {
+        on_main(c);
+        on_side(c);
+        return;
+    }
+    Ctx side = c;
+    side.stream = c.side;
+    side.side = nullptr;
+    side.pdl = false;
+    cudaEventRecord(c.side_fork, c.stream);
+    cudaStreamWaitEvent(c.side, c.side_fork, 0);
+    on_main(c);
+    on_side(side);
+    cudaEventRecord(c.side_join, c.side);
+    cudaStreamWaitEvent(c.stream, c.side_join, 0);
+}
+
 template <typename... Params, typename... Args>
 void launch_smem(const Ctx& c, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
     launch_ex(c, kernel, grid, block, smem, 1, std::forward<Args>(args)...);

@@ -564,19 +564,21 @@ inline MoeQuantForm moe_quant_form(int pairs) {
     return MoeQuantForm::kPerPair;
 }
 // The tensor-core form's token tiles per chunk (chunks of 8 TN pairs). Below kMoeWidePairsPerExpert
-// (16) pairs per expert on average: 1 for every expert. From there int8 / fp8 take 4 for every
-// expert (each weight tile read once per 32 pairs), MLX int4 4 only for the experts holding
-// kMoeQmmaWideFrom<F> (32) pairs or more and 1 for the rest, in two launches per matrix: its 4-tile
-// SwiGLU kernel takes 255 registers (one block per SM; int8's 128) and pays only on long runs.
-// Measured (H100, Qwen3-30B-A3B's expert shape, us per call, 1-tile / 4-tile / per expert;
-// docs/CUDA.md "Session 44"): MLX int4 at 256 rows 541 / 651 / 545 with uniform routing and 536 /
-// 754 / 525 with hot experts (half of each row's picks among 8), at 2,048 rows 3,679 / 3,129 /
-// 3,146; int8 at 256 rows 625 / 496 / 527 uniform, 628 / 611 / 582 hot. End to end on the random
-// 30B-A3B (its router sends most rows to a few experts), one call: MLX int4 batch 256 6,311 / 6,550 /
-// 6,587 tok/s, prefill 8,473 / 9,612 / 9,583; int8 batch 256 6,886 / 7,427 / 7,328; at batch 64
-// (below the threshold) per expert was no faster (int4 4,549 / 4,245 / 4,464).
+// (16) pairs per expert on average: 1 for every expert. From there a width per expert: 4 (each
+// weight tile read once per 32 pairs) for the experts holding kMoeQmmaWideFrom<F> pairs or more
+// (MLX int4 32: its 4-tile SwiGLU kernel takes 255 registers, one block per SM, and pays only on
+// long runs; int8 / fp8 16, 128 registers), 1 for the rest: two launches per matrix, the wide
+// experts' chain on the step's stream and the others' on the side stream (fork_join), so the two
+// overlap. Measured (H100, Qwen3-30B-A3B's expert shape, us per call, 1-tile / 4-tile / per expert
+// on one stream / on two; docs/CUDA.md "Session 45"): MLX int4 at 256 rows 542 / 648 / 547 / 542
+// with uniform routing, 534 / 752 / 520 / 502 with hot experts (half of each row's picks among 8);
+// int8 at 256 rows 617 / 495 / 529 / 472 uniform, 619 / 611 / 589 / 524 hot, at 512 rows hot 1,129
+// / 871 / 896 / 765, and within 0.8 % of 4-tile at 512-2,048 rows uniform. fp8 takes int8's rule
+// (the same kernel but for the code's unpacking; not timed at this shape). End to end on the random
+// 30B-A3B at batch 256 (tok/s, one call each): MLX int4 6,734 on two streams against 6,642 on one;
+// int8 7,732 against 7,428 for 4-tile chunks (the rule before) and 7,346 per expert on one stream.
 // SCR_CUDA_MOE_QMMA_TN=1|4|expert forces one for every step (A/B runs; a pair's bits do not depend
-// on its chunk's width).
+// on its chunk's width, nor on the streams).
 template <class F>
 constexpr int kMoeQmmaWideFrom = F::kAffine ? 32 : 16;
 inline MoeQmmaWidth moe_quant_mma_width_forced() {
@@ -590,7 +592,7 @@ inline MoeQmmaWidth moe_quant_mma_width(int pairs) {
     if (moe_quant_mma_width_override() != MoeQmmaWidth::kRule) return moe_quant_mma_width_override();
     if (const MoeQmmaWidth forced = moe_quant_mma_width_forced(); forced != MoeQmmaWidth::kRule) return forced;
     if (pairs < kMoeWidePairsPerExpert * E) return MoeQmmaWidth::kOne;
-    return F::kAffine ? MoeQmmaWidth::kPerExpert : MoeQmmaWidth::kFour;
+    return MoeQmmaWidth::kPerExpert;
 }
 // The expansion's floats when steps of up to `rows` rows may expand by the rule (else 0).
 template <int H, int FF, int E, int TOPK, class F>
@@ -639,13 +641,21 @@ void moe_quant_experts(const Ctx& c, int rows, const float* x, const void* const
             switch (moe_quant_mma_width<E, F>(pairs)) {
                 case MoeQmmaWidth::kFour: run.template operator()<4>(); break;
                 case MoeQmmaWidth::kPerExpert: {
-                    // the wide experts' longer items first, then the narrow ones
+                    // Two chains: the wide experts' pairs (gate / up, then down) on the step's stream,
+                    // the narrow ones' on the side stream (fork_join). A pair's down reads only its own
+                    // act row, so the chains share nothing but the grouping and may overlap.
                     constexpr int kNarrow = detail::moe_chunk_pairs(1), kWide = detail::moe_chunk_pairs(4);
                     const MoeSplitGrouping g = launch_moe_group_split<E, kNarrow, kWide>(c, pairs, top_id, group, kMoeQmmaWideFrom<F>);
-                    qdetail::launch_moe_quant_mma<H, FF, 4, true, TOPK, 0, F>(c, g.max_wide, x, experts, g.order, g.wide, g.n_chunks + 1, act);
-                    qdetail::launch_moe_quant_mma<H, FF, 1, true, TOPK, 0, F>(c, g.max_chunks, x, experts, g.order, g.chunks, g.n_chunks, act);
-                    qdetail::launch_moe_quant_mma<FF, H, 4, false, 1, 2, F>(c, g.max_wide, act, experts, g.order, g.wide, g.n_chunks + 1, y);
-                    qdetail::launch_moe_quant_mma<FF, H, 1, false, 1, 2, F>(c, g.max_chunks, act, experts, g.order, g.chunks, g.n_chunks, y);
+                    fork_join(
+                        c,
+                        [&](const Ctx& on) {
+                            qdetail::launch_moe_quant_mma<H, FF, 4, true, TOPK, 0, F>(on, g.max_wide, x, experts, g.order, g.wide, g.n_chunks + 1, act);
+                            qdetail::launch_moe_quant_mma<FF, H, 4, false, 1, 2, F>(on, g.max_wide, act, experts, g.order, g.wide, g.n_chunks + 1, y);
+                        },
+                        [&](const Ctx& on) {
+                            qdetail::launch_moe_quant_mma<H, FF, 1, true, TOPK, 0, F>(on, g.max_chunks, x, experts, g.order, g.chunks, g.n_chunks, act);
+                            qdetail::launch_moe_quant_mma<FF, H, 1, false, 1, 2, F>(on, g.max_chunks, act, experts, g.order, g.chunks, g.n_chunks, y);
+                        });
                     break;
                 }
                 default: run.template operator()<1>();

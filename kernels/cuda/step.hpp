@@ -141,6 +141,11 @@ struct Ctx {
     // allocated), or null: those launches take the other kernels.
     void* qwide_ws = nullptr;
     int64_t qwide_ws_bytes = 0;
+    // A second stream for the independent launches of one op (fork_join, kernels/cuda/common.cuh:
+    // the quantized MoE's per-expert widths) and the events that fork it from `stream` and join it
+    // back; null: those launches run on `stream`, one after the other.
+    cudaStream_t side = nullptr;
+    cudaEvent_t side_fork = nullptr, side_join = nullptr;
     Ctx with_l2(const L2Prefetch& p) const {
         Ctx c = *this;
         c.l2 = p;

@@ -16,11 +16,12 @@
 // Qwen3-30B-A3B's (H 2048, F 768, 128 experts, top 8). Then the quantized experts (moe_quant.cuh:
 // MLX int4 g32 / g64 / g128, int8, fp8 per channel and per tensor) against float64 and alone vs
 // in a batch, their tensor-core form (forced at every row count) against float64, alone vs in a
-// batch and in chunks of 1 and 4 token tiles or a width per expert (the same bits), and their wide
+// batch and in chunks of 1 and 4 token tiles or a width per expert, its two chains on one stream or
+// two (the same bits), and their wide
 // steps (the experts expanded to bf16 hi + lo) against float64 and with the rows reversed. Then
 // (unless --no-bench) the time per call at Qwen3-30B-A3B's shape: the quantized experts in each
-// form (per pair, grouped GEMVs, tensor cores in chunks of 1 / 4 tiles / per expert, expanded, the
-// default rule) beside the bf16 ones for 1 to 4,096 rows (uniform routing) and 32 to 1,024 (hot),
+// form (per pair, grouped GEMVs, tensor cores in chunks of 1 / 4 tiles / per expert on one stream
+// and on two, expanded, the default rule on two streams as in the engine) beside the bf16 ones for 1 to 4,096 rows (uniform routing) and 32 to 1,024 (hot),
 // and both bf16 implementations for 1 to 2,048 rows.
 // Exit: 0 all checks passed, 1 a check failed, 77 no GPU (ctest skips).
 #include <cuda_runtime_api.h>
@@ -71,6 +72,30 @@ __global__ void fill_bf16(bf16_t* w, size_t n, uint64_t seed, float scale) {
 }
 
 double silu(double v) { return v / (1.0 + std::exp(-v)); }
+
+// The engine's side stream and its fork / join events (Ctx::side): `with(c)` is c with them set.
+struct SideStream {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t fork = nullptr, join = nullptr;
+    SideStream() {
+        CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+        CK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+    }
+    ~SideStream() {
+        cudaEventDestroy(fork);
+        cudaEventDestroy(join);
+        cudaStreamDestroy(stream);
+    }
+    SideStream(const SideStream&) = delete;
+    SideStream& operator=(const SideStream&) = delete;
+    Ctx with(Ctx c) const {
+        c.side = stream;
+        c.side_fork = fork;
+        c.side_join = join;
+        return c;
+    }
+};
 
 template <int H, int F, int E, int K>
 struct Shape {
@@ -420,6 +445,7 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
     std::uniform_real_distribution<float> xd(-1.0f, 1.0f);
     Ctx c;
     c.stream = st;
+    const SideStream side;
     for (const Route route : {Route::kUniform, Route::kSkewed, Route::kHot})
         for (const int rows : row_counts) {
             std::vector<float> x(size_t(rows) * H), res(size_t(rows) * H);
@@ -435,9 +461,9 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
             const bool expands = qdetail::kMoeQuantExpandable<H, F> && rows * K >= kMoeWidePairsPerExpert * E;
             const int64_t ws = moe_quant_experts_floats<H, F, E, K, Q>(rows) + (expands ? qdetail::kMoeQuantExpandFloats<H, F, E> : 0);
             Launch<H, F, E, K> L(rows, ws), one(1, moe_quant_experts_floats<H, F, E, K, Q>(1));
-            auto launch = [&](Launch<H, F, E, K>& l, int n) {
+            auto launch = [&](Launch<H, F, E, K>& l, int n, const Ctx& on) {
                 CK(cudaMemset(l.out, 0xff, size_t(n) * H * 4));  // NaN
-                moe_quant_experts<H, F, E, K, Q>(c, n, l.x, s.table, l.ids, l.tw, l.res, l.out, l.ws);
+                moe_quant_experts<H, F, E, K, Q>(on, n, l.x, s.table, l.ids, l.tw, l.res, l.out, l.ws);
                 CK(cudaGetLastError());
                 CK(cudaStreamSynchronize(st));
                 std::vector<float> got(size_t(n) * H);
@@ -446,9 +472,9 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
             };
             L.upload(x, res, r);
             moe_gemm_override() = 1;  // grouped by expert
-            const std::vector<float> got = launch(L, rows);
+            const std::vector<float> got = launch(L, rows, c);
             moe_gemm_override() = 0;  // per (row, pick) pair: the same bits, every row
-            const std::vector<float> per_pair = launch(L, rows);
+            const std::vector<float> per_pair = launch(L, rows, c);
             moe_gemm_override() = -1;
             int forms_differ = 0;
             for (int i = 0; i < rows; ++i) forms_differ += std::memcmp(&got[size_t(i) * H], &per_pair[size_t(i) * H], H * 4) != 0;
@@ -482,7 +508,7 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
                     CK(cudaMemcpy(one.res, &res[size_t(i) * H], H * 4, cudaMemcpyHostToDevice));
                     CK(cudaMemcpy(one.ids, &r.ids[size_t(i) * K], K * 4, cudaMemcpyHostToDevice));
                     CK(cudaMemcpy(one.tw, &r.weights[size_t(i) * K], K * 4, cudaMemcpyHostToDevice));
-                    const std::vector<float> alone = launch(one, 1);
+                    const std::vector<float> alone = launch(one, 1, c);
                     n += std::memcmp(alone.data(), &batch[size_t(i) * H], H * 4) != 0;
                 }
                 return n;
@@ -497,12 +523,14 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
             double worst_mma = 0.0;
             if constexpr (kMmaFits) {
                 moe_gemm_override() = 3;
-                const std::vector<float> mma = launch(L, rows);
+                const std::vector<float> mma = launch(L, rows, c);
                 against_reference(mma, " (tensor cores)", bad_mma, worst_mma);
                 mma_differ = alone_differ(mma);
-                for (const MoeQmmaWidth tn : {MoeQmmaWidth::kOne, MoeQmmaWidth::kFour, MoeQmmaWidth::kPerExpert}) {
-                    moe_quant_mma_width_override() = tn;
-                    const std::vector<float> at_tn = launch(L, rows);
+                // per expert twice: its two chains one after the other, then on two streams
+                for (const MoeQmmaWidth tn : {MoeQmmaWidth::kOne, MoeQmmaWidth::kFour, MoeQmmaWidth::kPerExpert, MoeQmmaWidth::kRule}) {
+                    const bool two_streams = tn == MoeQmmaWidth::kRule;
+                    moe_quant_mma_width_override() = two_streams ? MoeQmmaWidth::kPerExpert : tn;
+                    const std::vector<float> at_tn = launch(L, rows, two_streams ? side.with(c) : c);
                     for (int i = 0; i < rows; ++i) tn_differ += std::memcmp(&at_tn[size_t(i) * H], &mma[size_t(i) * H], H * 4) != 0;
                 }
                 moe_quant_mma_width_override() = MoeQmmaWidth::kRule;
@@ -515,7 +543,7 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
             double worst_wide = 0.0;
             if (expands) {
                 moe_gemm_override() = 4;
-                const std::vector<float> wide = launch(L, rows);
+                const std::vector<float> wide = launch(L, rows, c);
                 against_reference(wide, " (expanded)", bad_wide, worst_wide);
                 std::vector<float> xr(x.size()), rr(res.size());
                 Routing rev = r;
@@ -529,7 +557,7 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
                     }
                 }
                 L.upload(xr, rr, rev);
-                const std::vector<float> reversed = launch(L, rows);
+                const std::vector<float> reversed = launch(L, rows, c);
                 for (int i = 0; i < rows; ++i)
                     wide_differ += std::memcmp(&reversed[size_t(rows - 1 - i) * H], &wide[size_t(i) * H], H * 4) != 0;
                 moe_gemm_override() = -1;
@@ -542,7 +570,7 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
                         ok ? "ok  " : "FAIL", s.name, rows, route_name(route), check.size(), bad ? "FAIL" : "pass", worst,
                         forms_differ ? "DIFFER" : "same bits", differ ? "DIFFER" : "same bits");
             if (kMmaFits)
-                std::printf("; tensor cores %s (worst err/bound %.2e), rows alone %s, chunks of 1 / 4 tiles / per expert %s",
+                std::printf("; tensor cores %s (worst err/bound %.2e), rows alone %s, chunks of 1 / 4 tiles / per expert (one and two streams) %s",
                             bad_mma ? "FAIL" : "pass", worst_mma, mma_differ ? "DIFFER" : "same bits", tn_differ ? "DIFFER" : "same bits");
             if (expands)
                 std::printf("; expanded %s (worst err/bound %.2e), rows reversed %s", bad_wide ? "FAIL" : "pass", worst_wide,
@@ -558,13 +586,15 @@ template <int H, int F, int E, int K, class Q>
 void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s, const char* fmt, cudaStream_t st, Route route,
                       std::initializer_list<int> row_counts) {
     std::printf("\n%s, %s experts, us per call (events, mean after one warm-up; %s routing):\n", q.name, fmt, route_name(route));
-    std::printf("| rows | pairs | %s per-pair GEMVs | %s grouped GEMVs | %s tensor cores, chunks of 1 / 4 tiles / per expert | "
-                "%s expanded | %s default | bf16 per-pair GEMVs | bf16 grouped GEMMs |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    std::printf("| rows | pairs | %s per-pair GEMVs | %s grouped GEMVs | %s tensor cores, chunks of 1 / 4 tiles / per expert / per "
+                "expert on two streams | %s expanded | %s default (two streams) | bf16 per-pair GEMVs | bf16 grouped GEMMs |\n"
+                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
                 fmt, fmt, fmt, fmt, fmt);
     std::mt19937 rng(77);
     std::uniform_real_distribution<float> xd(-1.0f, 1.0f);
     Ctx c;
     c.stream = st;
+    const SideStream side;
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
@@ -576,16 +606,19 @@ void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s
         const Routing r = make_routing<E, K>(rows, route, rng);
         L.upload(x, x, r);
         // quantized per pair, grouped GEMVs, tensor cores in chunks of 1 / 4 token tiles / per
-        // expert, expanded (wide rows), default (the row rules); bf16 per pair, grouped
-        constexpr int kPaths = 9, kQuantPaths = 7, kExpanded = 5;
+        // expert (one stream, then two), expanded (wide rows), default (the row rules, two streams
+        // as in the engine); bf16 per pair, grouped
+        constexpr int kPaths = 10, kQuantPaths = 8, kExpanded = 6;
         using W = MoeQmmaWidth;
-        constexpr int kOverride[kPaths] = {0, 1, 3, 3, 3, 4, -1, 0, 1};
-        constexpr W kTiles[kPaths] = {W::kRule, W::kRule, W::kOne, W::kFour, W::kPerExpert, W::kRule, W::kRule, W::kRule, W::kRule};
+        constexpr int kOverride[kPaths] = {0, 1, 3, 3, 3, 3, 4, -1, 0, 1};
+        constexpr W kTiles[kPaths] = {W::kRule, W::kRule, W::kOne, W::kFour, W::kPerExpert, W::kPerExpert, W::kRule, W::kRule, W::kRule, W::kRule};
+        constexpr bool kTwoStreams[kPaths] = {false, false, false, false, false, true, false, true, false, false};
         double us[kPaths] = {};
         for (int path = 0; path < kPaths; ++path) {
             if (path == kExpanded && !expands) continue;
+            const Ctx on = kTwoStreams[path] ? side.with(c) : c;
             auto one = [&] {
-                if (path < kQuantPaths) moe_quant_experts<H, F, E, K, Q>(c, rows, L.x, q.table, L.ids, L.tw, L.res, L.out, L.ws);
+                if (path < kQuantPaths) moe_quant_experts<H, F, E, K, Q>(on, rows, L.x, q.table, L.ids, L.tw, L.res, L.out, L.ws);
                 else L.run(c, s, rows);
             };
             moe_gemm_override() = kOverride[path];
@@ -604,8 +637,8 @@ void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s
         moe_quant_mma_width_override() = W::kRule;
         char expanded[32] = "-";
         if (expands) std::snprintf(expanded, sizeof expanded, "%.1f", us[kExpanded]);
-        std::printf("| %d | %d | %.1f | %.1f | %.1f / %.1f / %.1f | %s | %.1f | %.1f | %.1f |\n", rows, rows * K, us[0], us[1], us[2],
-                    us[3], us[4], expanded, us[6], us[7], us[8]);
+        std::printf("| %d | %d | %.1f | %.1f | %.1f / %.1f / %.1f / %.1f | %s | %.1f | %.1f | %.1f |\n", rows, rows * K, us[0], us[1],
+                    us[2], us[3], us[4], us[5], expanded, us[7], us[8], us[9]);
     }
     cudaEventDestroy(a);
     cudaEventDestroy(b);
