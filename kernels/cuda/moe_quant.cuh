@@ -633,29 +633,26 @@ void moe_quant_experts(const Ctx& c, int rows, const float* x, const void* const
         }
     } else if (form == MoeQuantForm::kMma) {
         if constexpr (qdetail::kMoeQuantMmaFits<H, FF, F> && qdetail::kMoeQuantMmaFits<FF, H, F>) {
+            // gate / up + SwiGLU, then down, over one chunk table's pairs in TN-tile chunks
+            auto chain = [&]<int TN>(const Ctx& on, const int32_t* order, const MoeChunk* chunks, const int32_t* n_chunks, int max_chunks) {
+                qdetail::launch_moe_quant_mma<H, FF, TN, true, TOPK, 0, F>(on, max_chunks, x, experts, order, chunks, n_chunks, act);
+                qdetail::launch_moe_quant_mma<FF, H, TN, false, 1, 2, F>(on, max_chunks, act, experts, order, chunks, n_chunks, y);
+            };
             auto run = [&]<int TN>() {
                 const MoeGrouping g = launch_moe_group<E, detail::moe_chunk_pairs(TN)>(c, pairs, top_id, group);
-                qdetail::launch_moe_quant_mma<H, FF, TN, true, TOPK, 0, F>(c, g.max_chunks, x, experts, g.order, g.chunks, g.n_chunks, act);
-                qdetail::launch_moe_quant_mma<FF, H, TN, false, 1, 2, F>(c, g.max_chunks, act, experts, g.order, g.chunks, g.n_chunks, y);
+                chain.template operator()<TN>(c, g.order, g.chunks, g.n_chunks, g.max_chunks);
             };
             switch (moe_quant_mma_width<E, F>(pairs)) {
                 case MoeQmmaWidth::kFour: run.template operator()<4>(); break;
                 case MoeQmmaWidth::kPerExpert: {
-                    // Two chains: the wide experts' pairs (gate / up, then down) on the step's stream,
-                    // the narrow ones' on the side stream (fork_join). A pair's down reads only its own
-                    // act row, so the chains share nothing but the grouping and may overlap.
+                    // Two chains: the wide experts' pairs on the step's stream, the narrow ones' on the
+                    // side stream (fork_join). A pair's down reads only its own act row, so the chains
+                    // share nothing but the grouping and may overlap.
                     constexpr int kNarrow = detail::moe_chunk_pairs(1), kWide = detail::moe_chunk_pairs(4);
                     const MoeSplitGrouping g = launch_moe_group_split<E, kNarrow, kWide>(c, pairs, top_id, group, kMoeQmmaWideFrom<F>);
                     fork_join(
-                        c,
-                        [&](const Ctx& on) {
-                            qdetail::launch_moe_quant_mma<H, FF, 4, true, TOPK, 0, F>(on, g.max_wide, x, experts, g.order, g.wide, g.n_chunks + 1, act);
-                            qdetail::launch_moe_quant_mma<FF, H, 4, false, 1, 2, F>(on, g.max_wide, act, experts, g.order, g.wide, g.n_chunks + 1, y);
-                        },
-                        [&](const Ctx& on) {
-                            qdetail::launch_moe_quant_mma<H, FF, 1, true, TOPK, 0, F>(on, g.max_chunks, x, experts, g.order, g.chunks, g.n_chunks, act);
-                            qdetail::launch_moe_quant_mma<FF, H, 1, false, 1, 2, F>(on, g.max_chunks, act, experts, g.order, g.chunks, g.n_chunks, y);
-                        });
+                        c, [&](const Ctx& on) { chain.template operator()<4>(on, g.order, g.wide, g.n_chunks + 1, g.max_wide); },
+                        [&](const Ctx& on) { chain.template operator()<1>(on, g.order, g.chunks, g.n_chunks, g.max_chunks); });
                     break;
                 }
                 default: run.template operator()<1>();

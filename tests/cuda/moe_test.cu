@@ -17,12 +17,12 @@
 // MLX int4 g32 / g64 / g128, int8, fp8 per channel and per tensor) against float64 and alone vs
 // in a batch, their tensor-core form (forced at every row count) against float64, alone vs in a
 // batch and in chunks of 1 and 4 token tiles or a width per expert, its two chains on one stream or
-// two (the same bits), and their wide
-// steps (the experts expanded to bf16 hi + lo) against float64 and with the rows reversed. Then
-// (unless --no-bench) the time per call at Qwen3-30B-A3B's shape: the quantized experts in each
-// form (per pair, grouped GEMVs, tensor cores in chunks of 1 / 4 tiles / per expert on one stream
-// and on two, expanded, the default rule on two streams as in the engine) beside the bf16 ones for 1 to 4,096 rows (uniform routing) and 32 to 1,024 (hot),
-// and both bf16 implementations for 1 to 2,048 rows.
+// two (the same bits), and their wide steps (the experts expanded to bf16 hi + lo) against float64
+// and with the rows reversed. Then (unless --no-bench) the time per call at Qwen3-30B-A3B's shape:
+// the quantized experts in each form (per pair, grouped GEMVs, tensor cores in chunks of 1 / 4
+// tiles / per expert on one stream and on two, expanded, the default rule on two streams as in the
+// engine) beside the bf16 ones for 1 to 4,096 rows (uniform routing) and 32 to 1,024 (hot), and
+// both bf16 implementations for 1 to 2,048 rows.
 // Exit: 0 all checks passed, 1 a check failed, 77 no GPU (ctest skips).
 #include <cuda_runtime_api.h>
 
@@ -527,10 +527,15 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
                 against_reference(mma, " (tensor cores)", bad_mma, worst_mma);
                 mma_differ = alone_differ(mma);
                 // per expert twice: its two chains one after the other, then on two streams
-                for (const MoeQmmaWidth tn : {MoeQmmaWidth::kOne, MoeQmmaWidth::kFour, MoeQmmaWidth::kPerExpert, MoeQmmaWidth::kRule}) {
-                    const bool two_streams = tn == MoeQmmaWidth::kRule;
-                    moe_quant_mma_width_override() = two_streams ? MoeQmmaWidth::kPerExpert : tn;
-                    const std::vector<float> at_tn = launch(L, rows, two_streams ? side.with(c) : c);
+                struct WidthRun {
+                    MoeQmmaWidth width;
+                    bool two_streams;
+                };
+                constexpr WidthRun kRuns[] = {{MoeQmmaWidth::kOne, false}, {MoeQmmaWidth::kFour, false},
+                                              {MoeQmmaWidth::kPerExpert, false}, {MoeQmmaWidth::kPerExpert, true}};
+                for (const WidthRun& run : kRuns) {
+                    moe_quant_mma_width_override() = run.width;
+                    const std::vector<float> at_tn = launch(L, rows, run.two_streams ? side.with(c) : c);
                     for (int i = 0; i < rows; ++i) tn_differ += std::memcmp(&at_tn[size_t(i) * H], &mma[size_t(i) * H], H * 4) != 0;
                 }
                 moe_quant_mma_width_override() = MoeQmmaWidth::kRule;
