@@ -343,15 +343,15 @@ void fork_join(const Ctx& c, Main&& on_main, Side&& on_side) {
         return;
     }
     Ctx side = c;
-    side.stream = c.side;
-    side.side = nullptr;
+    side.stream = c.side.stream;
+    side.side = {};
     side.pdl = false;
-    cudaEventRecord(c.side_fork, c.stream);
-    cudaStreamWaitEvent(c.side, c.side_fork, 0);
+    cudaEventRecord(c.side.fork, c.stream);
+    cudaStreamWaitEvent(c.side.stream, c.side.fork, 0);
     on_main(c);
     on_side(side);
-    cudaEventRecord(c.side_join, c.side);
-    cudaStreamWaitEvent(c.stream, c.side_join, 0);
+    cudaEventRecord(c.side.join, c.side.stream);
+    cudaStreamWaitEvent(c.stream, c.side.join, 0);
 }
 
 template <typename... Params, typename... Args>

@@ -577,14 +577,17 @@ inline MoeQuantForm moe_quant_form(int pairs) {
 // (the same kernel but for the code's unpacking; not timed at this shape). End to end on the random
 // 30B-A3B at batch 256 (tok/s, one call each): MLX int4 6,734 on two streams against 6,642 on one;
 // int8 7,732 against 7,428 for 4-tile chunks (the rule before) and 7,346 per expert on one stream.
-// SCR_CUDA_MOE_QMMA_TN=1|4|expert forces one for every step (A/B runs; a pair's bits do not depend
-// on its chunk's width, nor on the streams).
+// SCR_CUDA_MOE_QMMA_TN=1|2|4|expert|expert2 forces one for every step (A/B runs; expert2: 2-tile
+// chunks for the experts below kMoeQmmaWideFrom; a pair's bits do not depend on its chunk's width,
+// nor on the streams).
 template <class F>
 constexpr int kMoeQmmaWideFrom = F::kAffine ? 32 : 16;
 inline MoeQmmaWidth moe_quant_mma_width_forced() {
     static const MoeQmmaWidth v = env_choice_switch(
         "SCR_CUDA_MOE_QMMA_TN", MoeQmmaWidth::kRule,
-        {{"1", MoeQmmaWidth::kOne}, {"4", MoeQmmaWidth::kFour}, {"expert", MoeQmmaWidth::kPerExpert}}, "the rule");
+        {{"1", MoeQmmaWidth::kOne}, {"2", MoeQmmaWidth::kTwo}, {"4", MoeQmmaWidth::kFour}, {"expert", MoeQmmaWidth::kPerExpert},
+         {"expert2", MoeQmmaWidth::kPerExpertTwo}},
+        "the rule");
     return v;
 }
 template <int E, class F>
@@ -642,19 +645,21 @@ void moe_quant_experts(const Ctx& c, int rows, const float* x, const void* const
                 const MoeGrouping g = launch_moe_group<E, detail::moe_chunk_pairs(TN)>(c, pairs, top_id, group);
                 chain.template operator()<TN>(c, g.order, g.chunks, g.n_chunks, g.max_chunks);
             };
+            // Two chains: the wide experts' pairs in 4-tile chunks on the step's stream, the others'
+            // in TN-tile chunks on the side stream (fork_join). A pair's down reads only its own act
+            // row, so the chains share nothing but the grouping and may overlap.
+            auto per_expert = [&]<int TN>() {
+                constexpr int kNarrow = detail::moe_chunk_pairs(TN), kWide = detail::moe_chunk_pairs(4);
+                const MoeSplitGrouping g = launch_moe_group_split<E, kNarrow, kWide>(c, pairs, top_id, group, kMoeQmmaWideFrom<F>);
+                fork_join(
+                    c, [&](const Ctx& on) { chain.template operator()<4>(on, g.order, g.wide, g.n_chunks + 1, g.max_wide); },
+                    [&](const Ctx& on) { chain.template operator()<TN>(on, g.order, g.chunks, g.n_chunks, g.max_chunks); });
+            };
             switch (moe_quant_mma_width<E, F>(pairs)) {
+                case MoeQmmaWidth::kTwo: run.template operator()<2>(); break;
                 case MoeQmmaWidth::kFour: run.template operator()<4>(); break;
-                case MoeQmmaWidth::kPerExpert: {
-                    // Two chains: the wide experts' pairs on the step's stream, the narrow ones' on the
-                    // side stream (fork_join). A pair's down reads only its own act row, so the chains
-                    // share nothing but the grouping and may overlap.
-                    constexpr int kNarrow = detail::moe_chunk_pairs(1), kWide = detail::moe_chunk_pairs(4);
-                    const MoeSplitGrouping g = launch_moe_group_split<E, kNarrow, kWide>(c, pairs, top_id, group, kMoeQmmaWideFrom<F>);
-                    fork_join(
-                        c, [&](const Ctx& on) { chain.template operator()<4>(on, g.order, g.wide, g.n_chunks + 1, g.max_wide); },
-                        [&](const Ctx& on) { chain.template operator()<1>(on, g.order, g.chunks, g.n_chunks, g.max_chunks); });
-                    break;
-                }
+                case MoeQmmaWidth::kPerExpert: per_expert.template operator()<1>(); break;
+                case MoeQmmaWidth::kPerExpertTwo: per_expert.template operator()<2>(); break;
                 default: run.template operator()<1>();
             }
         }

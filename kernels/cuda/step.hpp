@@ -43,9 +43,10 @@ inline int& moe_gemm_override() {
 }
 
 // The quantized experts' tensor-core form's token tiles per chunk (kernels/cuda/moe_quant.cuh,
-// moe_quant_mma_width): kRule: SCR_CUDA_MOE_QMMA_TN or the rule decides; kOne / kFour: that many
-// for every expert; kPerExpert: 4 for the experts with many pairs, 1 for the rest.
-enum class MoeQmmaWidth { kRule, kOne, kFour, kPerExpert };
+// moe_quant_mma_width): kRule: SCR_CUDA_MOE_QMMA_TN or the rule decides; kOne / kTwo / kFour: that
+// many for every expert; kPerExpert / kPerExpertTwo: 4 for the experts with many pairs, 1 / 2 for
+// the rest.
+enum class MoeQmmaWidth { kRule, kOne, kTwo, kFour, kPerExpert, kPerExpertTwo };
 inline MoeQmmaWidth& moe_quant_mma_width_override() {
     static MoeQmmaWidth v = MoeQmmaWidth::kRule;
     return v;
@@ -123,6 +124,38 @@ struct L2Prefetch {
     int n = 0;
 };
 
+// A second stream and the events that fork it from a step's stream and join it back (fork_join,
+// kernels/cuda/common.cuh). Plain handles; OwnedSideStream makes and frees them.
+struct SideStream {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t fork = nullptr, join = nullptr;
+    explicit operator bool() const { return stream != nullptr; }
+};
+
+// Owns a SideStream: `create()` makes the stream and its events (the first failure is returned and
+// what was made is freed by the destructor); an uncreated one is an empty SideStream.
+class OwnedSideStream {
+public:
+    OwnedSideStream() = default;
+    OwnedSideStream(const OwnedSideStream&) = delete;
+    OwnedSideStream& operator=(const OwnedSideStream&) = delete;
+    ~OwnedSideStream() {
+        if (s_.fork) cudaEventDestroy(s_.fork);
+        if (s_.join) cudaEventDestroy(s_.join);
+        if (s_.stream) cudaStreamDestroy(s_.stream);
+    }
+    cudaError_t create() {
+        cudaError_t e = cudaStreamCreateWithFlags(&s_.stream, cudaStreamNonBlocking);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s_.fork, cudaEventDisableTiming);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s_.join, cudaEventDisableTiming);
+        return e;
+    }
+    const SideStream& get() const { return s_; }
+
+private:
+    SideStream s_;
+};
+
 // Everything a kernel launcher needs besides its operands.
 struct Ctx {
     cudaStream_t stream = nullptr;
@@ -142,10 +175,8 @@ struct Ctx {
     void* qwide_ws = nullptr;
     int64_t qwide_ws_bytes = 0;
     // A second stream for the independent launches of one op (fork_join, kernels/cuda/common.cuh:
-    // the quantized MoE's per-expert widths) and the events that fork it from `stream` and join it
-    // back; null: those launches run on `stream`, one after the other.
-    cudaStream_t side = nullptr;
-    cudaEvent_t side_fork = nullptr, side_join = nullptr;
+    // the quantized MoE's per-expert widths); none: those launches run on `stream`, one after the other.
+    SideStream side;
     Ctx with_l2(const L2Prefetch& p) const {
         Ctx c = *this;
         c.l2 = p;

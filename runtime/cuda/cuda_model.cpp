@@ -124,8 +124,7 @@ struct CudaGeneratedModel::Impl {
     bool run_ahead = kernels::cuda::env_flag_switch("SCR_CUDA_RUN_AHEAD", true);
     // A second stream for an op's independent launches (Ctx::side, kernels/cuda/common.cuh:
     // fork_join) and its fork / join events; SCR_CUDA_SIDE_STREAM=0 runs them on `stream` (A/B runs).
-    cudaStream_t side = nullptr;
-    cudaEvent_t side_fork = nullptr, side_join = nullptr;
+    kernels::cuda::OwnedSideStream side;
 
     std::vector<int> buckets;  // decode graph batch sizes
     std::map<int, cudaGraphExec_t> graphs;
@@ -172,11 +171,7 @@ CudaGeneratedModel::CudaGeneratedModel(const ModelInfo& info, const WeightSet& w
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 1)
         fail("model {} is compiled for CUDA, but no CUDA device is available", info.stem);
     SCR_CUDA(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
-    if (kernels::cuda::env_flag_switch("SCR_CUDA_SIDE_STREAM", true)) {
-        SCR_CUDA(cudaStreamCreateWithFlags(&m.side, cudaStreamNonBlocking));
-        SCR_CUDA(cudaEventCreateWithFlags(&m.side_fork, cudaEventDisableTiming));
-        SCR_CUDA(cudaEventCreateWithFlags(&m.side_join, cudaEventDisableTiming));
-    }
+    if (kernels::cuda::env_flag_switch("SCR_CUDA_SIDE_STREAM", true)) SCR_CUDA(m.side.create());
     cuda_startup::DeviceWeights uploaded = cuda_startup::upload_weights(info, weights, pool, m.stream);
     m.weights = uploaded.base;
     dev_weights_ = std::move(uploaded.tensors);
@@ -309,9 +304,6 @@ CudaGeneratedModel::~CudaGeneratedModel() {
     cudaFree(m.scratch);
     cudaFree(m.table);
     cudaFree(m.weights);
-    for (cudaEvent_t e : {m.side_fork, m.side_join})
-        if (e) cudaEventDestroy(e);
-    if (m.side) cudaStreamDestroy(m.side);
     if (m.stream) cudaStreamDestroy(m.stream);
 }
 
@@ -469,9 +461,7 @@ void CudaGeneratedModel::Impl::launch(CudaGeneratedModel& model, const StepBatch
     ctx.attn_ws = static_cast<float*>(m.attn_ws);
     ctx.qwide_ws = m.qwide_ws;
     ctx.qwide_ws_bytes = m.qwide_ws_bytes;
-    ctx.side = m.side;
-    ctx.side_fork = m.side_fork;
-    ctx.side_join = m.side_join;
+    ctx.side = m.side.get();
     if (l.timed) SCR_CUDA(cudaEventRecord(m.t_begin[slot], m.stream));
     if (decode) {
         // A graph captured before cuBLASLt's scratch was reallocated (a longer prefill since) holds

@@ -18,7 +18,7 @@
 #           and the other presets of VARIANTS (`scr quantize`), each quantized model's greedy ids after
 #           a 300-token prompt per pair and by default (wide prefill expanded), `scr cuda-bench` of each of VARIANTS:
 #           bf16 or a preset name, +grouped forcing the grouped experts (SCR_CUDA_MOE_GEMM=1), +tn1,
-#           +tn4 or +tnexpert the tensor-core form's chunk width (SCR_CUDA_MOE_QMMA_TN), +onestream
+#           +tn2, +tn4, +tnexpert or +tnexpert2 the tensor-core form's chunk width (SCR_CUDA_MOE_QMMA_TN), +onestream
 #           the per-expert widths' two chains on the step's stream alone (SCR_CUDA_SIDE_STREAM=0);
 #   wide    (asked for by name) the 30B's MLX int4 g64 decode at batch 256 (wide steps in a graph)
 #           per pair and by default (expanded), then scr_cuda_moe --no-bench under memcheck.
@@ -87,7 +87,7 @@ if [[ " ${PARTS:-checks 30b} " == *" 30b "* ]]; then
         [ $p = bf16 ] || m=$M-$p
         case $v in
         *+grouped) e=SCR_CUDA_MOE_GEMM=1 ;;
-        *+tn1 | *+tn4 | *+tnexpert) e=SCR_CUDA_MOE_QMMA_TN=${v##*+tn} ;;
+        *+tn1 | *+tn2 | *+tn4 | *+tnexpert | *+tnexpert2) e=SCR_CUDA_MOE_QMMA_TN=${v##*+tn} ;;
         *+onestream) e=SCR_CUDA_SIDE_STREAM=0 ;;
         esac
         step bench_30b_$v 170 env $e $C/scr cuda-bench $m --prompt 64 --decode 64 --prefill 2048 --batches ${BATCHES:-16,64} --batch-steps 16

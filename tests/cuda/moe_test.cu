@@ -16,13 +16,13 @@
 // Qwen3-30B-A3B's (H 2048, F 768, 128 experts, top 8). Then the quantized experts (moe_quant.cuh:
 // MLX int4 g32 / g64 / g128, int8, fp8 per channel and per tensor) against float64 and alone vs
 // in a batch, their tensor-core form (forced at every row count) against float64, alone vs in a
-// batch and in chunks of 1 and 4 token tiles or a width per expert, its two chains on one stream or
-// two (the same bits), and their wide steps (the experts expanded to bf16 hi + lo) against float64
-// and with the rows reversed. Then (unless --no-bench) the time per call at Qwen3-30B-A3B's shape:
-// the quantized experts in each form (per pair, grouped GEMVs, tensor cores in chunks of 1 / 4
-// tiles / per expert on one stream and on two, expanded, the default rule on two streams as in the
-// engine) beside the bf16 ones for 1 to 4,096 rows (uniform routing) and 32 to 1,024 (hot), and
-// both bf16 implementations for 1 to 2,048 rows.
+// batch and in chunks of 1, 2 and 4 token tiles or a width per expert, its two chains on one
+// stream or two (the same bits), and their wide steps (the experts expanded to bf16 hi + lo)
+// against float64 and with the rows reversed. Then (unless --no-bench) the time per call at
+// Qwen3-30B-A3B's shape: the quantized experts in each form (per pair, grouped GEMVs, tensor cores
+// in chunks of 1 / 2 / 4 tiles / per expert 4 or 1 and 4 or 2 on two streams, expanded, the
+// default rule on two streams as in the engine) beside the bf16 ones for 1 to 4,096 rows (uniform
+// routing) and 32 to 1,024 (hot), and both bf16 implementations for 1 to 2,048 rows.
 // Exit: 0 all checks passed, 1 a check failed, 77 no GPU (ctest skips).
 #include <cuda_runtime_api.h>
 
@@ -73,26 +73,12 @@ __global__ void fill_bf16(bf16_t* w, size_t n, uint64_t seed, float scale) {
 
 double silu(double v) { return v / (1.0 + std::exp(-v)); }
 
-// The engine's side stream and its fork / join events (Ctx::side): `with(c)` is c with them set.
+// A side stream made as the engine makes its own (Ctx::side): `with(c)` is c with it set.
 struct SideStream {
-    cudaStream_t stream = nullptr;
-    cudaEvent_t fork = nullptr, join = nullptr;
-    SideStream() {
-        CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-        CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-        CK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
-    }
-    ~SideStream() {
-        cudaEventDestroy(fork);
-        cudaEventDestroy(join);
-        cudaStreamDestroy(stream);
-    }
-    SideStream(const SideStream&) = delete;
-    SideStream& operator=(const SideStream&) = delete;
+    OwnedSideStream owned;
+    SideStream() { CK(owned.create()); }
     Ctx with(Ctx c) const {
-        c.side = stream;
-        c.side_fork = fork;
-        c.side_join = join;
+        c.side = owned.get();
         return c;
     }
 };
@@ -531,8 +517,10 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
                     MoeQmmaWidth width;
                     bool two_streams;
                 };
-                constexpr WidthRun kRuns[] = {{MoeQmmaWidth::kOne, false}, {MoeQmmaWidth::kFour, false},
-                                              {MoeQmmaWidth::kPerExpert, false}, {MoeQmmaWidth::kPerExpert, true}};
+                constexpr WidthRun kRuns[] = {{MoeQmmaWidth::kOne, false},        {MoeQmmaWidth::kTwo, false},
+                                              {MoeQmmaWidth::kFour, false},       {MoeQmmaWidth::kPerExpert, false},
+                                              {MoeQmmaWidth::kPerExpert, true},   {MoeQmmaWidth::kPerExpertTwo, false},
+                                              {MoeQmmaWidth::kPerExpertTwo, true}};
                 for (const WidthRun& run : kRuns) {
                     moe_quant_mma_width_override() = run.width;
                     const std::vector<float> at_tn = launch(L, rows, run.two_streams ? side.with(c) : c);
@@ -575,7 +563,8 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
                         ok ? "ok  " : "FAIL", s.name, rows, route_name(route), check.size(), bad ? "FAIL" : "pass", worst,
                         forms_differ ? "DIFFER" : "same bits", differ ? "DIFFER" : "same bits");
             if (kMmaFits)
-                std::printf("; tensor cores %s (worst err/bound %.2e), rows alone %s, chunks of 1 / 4 tiles / per expert (one and two streams) %s",
+                std::printf("; tensor cores %s (worst err/bound %.2e), rows alone %s, chunks of 1 / 2 / 4 tiles / per expert 1|4 and 2|4 "
+                            "(one and two streams) %s",
                             bad_mma ? "FAIL" : "pass", worst_mma, mma_differ ? "DIFFER" : "same bits", tn_differ ? "DIFFER" : "same bits");
             if (expands)
                 std::printf("; expanded %s (worst err/bound %.2e), rows reversed %s", bad_wide ? "FAIL" : "pass", worst_wide,
@@ -591,8 +580,8 @@ template <int H, int F, int E, int K, class Q>
 void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s, const char* fmt, cudaStream_t st, Route route,
                       std::initializer_list<int> row_counts) {
     std::printf("\n%s, %s experts, us per call (events, mean after one warm-up; %s routing):\n", q.name, fmt, route_name(route));
-    std::printf("| rows | pairs | %s per-pair GEMVs | %s grouped GEMVs | %s tensor cores, chunks of 1 / 4 tiles / per expert / per "
-                "expert on two streams | %s expanded | %s default (two streams) | bf16 per-pair GEMVs | bf16 grouped GEMMs |\n"
+    std::printf("| rows | pairs | %s per-pair GEMVs | %s grouped GEMVs | %s tensor cores, chunks of 1 / 2 / 4 tiles / per expert "
+                "1|4 / 2|4 (two streams) | %s expanded | %s default (two streams) | bf16 per-pair GEMVs | bf16 grouped GEMMs |\n"
                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
                 fmt, fmt, fmt, fmt, fmt);
     std::mt19937 rng(77);
@@ -610,14 +599,15 @@ void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s
         for (auto& v : x) v = xd(rng);
         const Routing r = make_routing<E, K>(rows, route, rng);
         L.upload(x, x, r);
-        // quantized per pair, grouped GEMVs, tensor cores in chunks of 1 / 4 token tiles / per
-        // expert (one stream, then two), expanded (wide rows), default (the row rules, two streams
-        // as in the engine); bf16 per pair, grouped
-        constexpr int kPaths = 10, kQuantPaths = 8, kExpanded = 6;
+        // quantized per pair, grouped GEMVs, tensor cores in chunks of 1 / 2 / 4 token tiles / per
+        // expert 4 or 1, 4 or 2 (two streams), expanded (wide rows), default (the row rules, two
+        // streams as in the engine); bf16 per pair, grouped
+        constexpr int kPaths = 11, kQuantPaths = 9, kExpanded = 7;
         using W = MoeQmmaWidth;
-        constexpr int kOverride[kPaths] = {0, 1, 3, 3, 3, 3, 4, -1, 0, 1};
-        constexpr W kTiles[kPaths] = {W::kRule, W::kRule, W::kOne, W::kFour, W::kPerExpert, W::kPerExpert, W::kRule, W::kRule, W::kRule, W::kRule};
-        constexpr bool kTwoStreams[kPaths] = {false, false, false, false, false, true, false, true, false, false};
+        constexpr int kOverride[kPaths] = {0, 1, 3, 3, 3, 3, 3, 4, -1, 0, 1};
+        constexpr W kTiles[kPaths] = {W::kRule, W::kRule,         W::kOne,  W::kTwo,  W::kFour, W::kPerExpert,
+                                      W::kPerExpertTwo, W::kRule, W::kRule, W::kRule, W::kRule};
+        constexpr bool kTwoStreams[kPaths] = {false, false, false, false, false, true, true, false, true, false, false};
         double us[kPaths] = {};
         for (int path = 0; path < kPaths; ++path) {
             if (path == kExpanded && !expands) continue;
@@ -642,8 +632,8 @@ void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s
         moe_quant_mma_width_override() = W::kRule;
         char expanded[32] = "-";
         if (expands) std::snprintf(expanded, sizeof expanded, "%.1f", us[kExpanded]);
-        std::printf("| %d | %d | %.1f | %.1f | %.1f / %.1f / %.1f / %.1f | %s | %.1f | %.1f | %.1f |\n", rows, rows * K, us[0], us[1],
-                    us[2], us[3], us[4], us[5], expanded, us[7], us[8], us[9]);
+        std::printf("| %d | %d | %.1f | %.1f | %.1f / %.1f / %.1f / %.1f / %.1f | %s | %.1f | %.1f | %.1f |\n", rows, rows * K, us[0],
+                    us[1], us[2], us[3], us[4], us[5], us[6], expanded, us[8], us[9], us[10]);
     }
     cudaEventDestroy(a);
     cudaEventDestroy(b);
