@@ -73,10 +73,11 @@ __global__ void fill_bf16(bf16_t* w, size_t n, uint64_t seed, float scale) {
 
 double silu(double v) { return v / (1.0 + std::exp(-v)); }
 
-// A side stream made as the engine makes its own (Ctx::side): `with(c)` is c with it set.
-struct SideStream {
+// A side stream made as the engine makes its own (Ctx::side): `with(c)` is c with it set. (Not
+// named SideStream: that is the handles' struct in step.hpp.)
+struct TestSideStream {
     OwnedSideStream owned;
-    SideStream() { CK(owned.create()); }
+    TestSideStream() { CK(owned.create()); }
     Ctx with(Ctx c) const {
         c.side = owned.get();
         return c;
@@ -431,7 +432,7 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
     std::uniform_real_distribution<float> xd(-1.0f, 1.0f);
     Ctx c;
     c.stream = st;
-    const SideStream side;
+    const TestSideStream side;
     for (const Route route : {Route::kUniform, Route::kSkewed, Route::kHot})
         for (const int rows : row_counts) {
             std::vector<float> x(size_t(rows) * H), res(size_t(rows) * H);
@@ -563,7 +564,7 @@ int check_quant_shape(const QShape<H, F, E, K, Q>& s, cudaStream_t st, std::init
                         ok ? "ok  " : "FAIL", s.name, rows, route_name(route), check.size(), bad ? "FAIL" : "pass", worst,
                         forms_differ ? "DIFFER" : "same bits", differ ? "DIFFER" : "same bits");
             if (kMmaFits)
-                std::printf("; tensor cores %s (worst err/bound %.2e), rows alone %s, chunks of 1 / 2 / 4 tiles / per expert 1|4 and 2|4 "
+                std::printf("; tensor cores %s (worst err/bound %.2e), rows alone %s, chunks of 1 / 2 / 4 tiles / per expert 4 or 1 and 4 or 2 "
                             "(one and two streams) %s",
                             bad_mma ? "FAIL" : "pass", worst_mma, mma_differ ? "DIFFER" : "same bits", tn_differ ? "DIFFER" : "same bits");
             if (expands)
@@ -581,14 +582,14 @@ void time_quant_shape(const QShape<H, F, E, K, Q>& q, const Shape<H, F, E, K>& s
                       std::initializer_list<int> row_counts) {
     std::printf("\n%s, %s experts, us per call (events, mean after one warm-up; %s routing):\n", q.name, fmt, route_name(route));
     std::printf("| rows | pairs | %s per-pair GEMVs | %s grouped GEMVs | %s tensor cores, chunks of 1 / 2 / 4 tiles / per expert "
-                "1|4 / 2|4 (two streams) | %s expanded | %s default (two streams) | bf16 per-pair GEMVs | bf16 grouped GEMMs |\n"
+                "4 or 1 / 4 or 2 (two streams) | %s expanded | %s default (two streams) | bf16 per-pair GEMVs | bf16 grouped GEMMs |\n"
                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
                 fmt, fmt, fmt, fmt, fmt);
     std::mt19937 rng(77);
     std::uniform_real_distribution<float> xd(-1.0f, 1.0f);
     Ctx c;
     c.stream = st;
-    const SideStream side;
+    const TestSideStream side;
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
