@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -68,6 +69,8 @@ struct GenerationJob {
     bool include_usage = false;        // stream_options.include_usage
     bool continuous_usage = false;     // stream_options.continuous_usage_stats (vLLM)
     ToolCallFormat tool_format = ToolCallFormat::none;  // none unless the request offers tools
+    // vLLM's `truncate_prompt_tokens`: keep each prompt's last k tokens (-1: the context length).
+    std::optional<int64_t> truncate_prompt_tokens;
     int num_choices() const { return int(prompts.size()) * params.n; }
 };
 

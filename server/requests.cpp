@@ -113,13 +113,27 @@ void parse_openai_sampling(RequestFields& f, const ServingContext& ctx, Sampling
     p.skip_special_tokens = f.boolean("skip_special_tokens").value_or(true);
     p.include_stop_str_in_output = f.boolean("include_stop_str_in_output").value_or(false);
     priority = int(f.integer("priority", -kMaxPriority, kMaxPriority).value_or(0));
-    f.ignore({"user", "metadata", "store", "service_tier", "spaces_between_special_tokens", "truncate_prompt_tokens"});
+    f.ignore({"user", "metadata", "store", "service_tier", "spaces_between_special_tokens"});
     f.reject("best_of", "sampling several candidates to keep the best is not implemented; use `n`");
     f.reject("prompt_logprobs", "the engine returns logprobs of generated tokens only");
     f.reject("guided_json", "guided decoding is not implemented");
     f.reject("guided_regex", "guided decoding is not implemented");
     f.reject("guided_choice", "guided decoding is not implemented");
     f.reject("guided_grammar", "guided decoding is not implemented");
+}
+
+// vLLM's `truncate_prompt_tokens`: -1 (the model's context length) or a positive count of tokens to keep.
+std::optional<int64_t> parse_truncation(RequestFields& f, const ServingContext& ctx) {
+    auto k = f.integer("truncate_prompt_tokens", -1, std::numeric_limits<int32_t>::max());
+    if (!k) return std::nullopt;
+    if (*k == 0)
+        throw ApiError::invalid("truncate_prompt_tokens", "`truncate_prompt_tokens` must be -1 (the model's context "
+                                                          "length) or a positive number of tokens to keep");
+    if (*k > ctx.max_model_len)
+        throw ApiError::invalid("truncate_prompt_tokens",
+                                fmt::format("`truncate_prompt_tokens` ({}) is greater than this model's maximum "
+                                            "context length ({} tokens)", *k, ctx.max_model_len));
+    return *k == -1 ? ctx.max_model_len : *k;
 }
 
 void parse_stream_options(RequestFields& f, GenerationJob& job) {
@@ -137,6 +151,13 @@ void parse_stream_options(RequestFields& f, GenerationJob& job) {
 // Every prompt fits with room to generate; max_tokens defaults to `default_max` (0: all the room).
 void fit_to_context(GenerationJob& job, std::optional<int64_t> requested, const char* param, int default_max,
                     const ServingContext& ctx) {
+    // A prompt longer than `truncate_prompt_tokens` keeps its last tokens, as vLLM's tokenizer does
+    // with truncation_side "left" (vLLM: vllm/entrypoints/openai/serving_engine.py:L61, and
+    // `_validate_prompt_and_tokenize`'s prompt_ids[-truncate_prompt_tokens:], commit 0030b9f).
+    if (job.truncate_prompt_tokens)
+        for (auto& prompt : job.prompts)
+            if (int64_t(prompt.size()) > *job.truncate_prompt_tokens)
+                prompt.erase(prompt.begin(), prompt.end() - *job.truncate_prompt_tokens);
     size_t longest = 0;
     for (const auto& prompt : job.prompts) {
         if (prompt.empty()) throw ApiError::invalid("prompt", "The prompt is empty: it encodes to zero tokens");
@@ -358,6 +379,7 @@ GenerationJob parse_chat_request(const json& body, const ServingContext& ctx) {
     check_model(f, ctx, false);
     parse_openai_sampling(f, ctx, job.params, job.priority);
     parse_stream_options(f, job);
+    job.truncate_prompt_tokens = parse_truncation(f, ctx);
 
     const bool want_logprobs = f.boolean("logprobs").value_or(false);
     const auto top_logprobs = f.integer("top_logprobs", 0, ctx.max_logprobs);
@@ -415,6 +437,7 @@ GenerationJob parse_completion_request(const json& body, const ServingContext& c
     check_model(f, ctx, false);
     parse_openai_sampling(f, ctx, job.params, job.priority);
     parse_stream_options(f, job);
+    job.truncate_prompt_tokens = parse_truncation(f, ctx);
     if (auto logprobs = f.integer("logprobs", 0, ctx.max_logprobs)) job.params.logprobs = int(*logprobs);
     const bool echo = f.boolean("echo").value_or(false);
     if (echo && job.params.logprobs >= 0)

@@ -2,6 +2,8 @@
 // the HTTP status and OpenAI error fields the API reference specifies.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "server/protocol.hpp"
 #include "tests/server/fake_model.hpp"
 
@@ -226,6 +228,36 @@ TEST_F(Requests, ContextLimits) {
     EXPECT_EQ(max_tokens.status, 400);
     EXPECT_EQ(max_tokens.param, "max_tokens");
     EXPECT_EQ(max_tokens.code, "context_length_exceeded");
+}
+
+// vLLM's truncate_prompt_tokens keeps a prompt's last k tokens; max_tokens' default follows the
+// truncated length; 0, k past the context and (with no room left) -1 are refused.
+TEST_F(Requests, TruncatePromptTokensKeepsTheLastTokens) {
+    auto job = parse_completion_request(RequestJson::parse(R"({"prompt": [5, 6, 7, 8, 9], "truncate_prompt_tokens": 3})"), ctx);
+    ASSERT_EQ(job.prompts.size(), 1u);
+    EXPECT_EQ(job.prompts[0], (std::vector<int32_t>{7, 8, 9}));
+    job = parse_completion_request(RequestJson::parse(R"({"prompt": [5, 6], "truncate_prompt_tokens": 3})"), ctx);
+    EXPECT_EQ(job.prompts[0], (std::vector<int32_t>{5, 6}));  // shorter prompts are kept whole
+
+    const std::string long_text(500, 'a');  // 500 byte tokens + the template's > max_model_len 400
+    job = parse_chat_request(RequestJson::parse(R"({"messages": [{"role": "user", "content": ")" + long_text +
+                                                R"("}], "truncate_prompt_tokens": 300})"),
+                             ctx);
+    ASSERT_EQ(job.prompts[0].size(), 300u);
+    EXPECT_EQ(job.params.max_tokens, 100);  // the rest of the context after the truncated prompt
+    const std::vector<int32_t> full = text.encode("<|user|>" + long_text + "\n<|assistant|>", true);
+    EXPECT_TRUE(std::equal(job.prompts[0].begin(), job.prompts[0].end(), full.end() - 300));
+
+    for (const char* bad : {"0", "401", "-2", "1.5", "\"3\""}) {
+        const ApiError e = chat_error(std::string(R"({"messages": [{"role": "user", "content": "x"}], "truncate_prompt_tokens": )") +
+                                      bad + "}");
+        EXPECT_EQ(e.status, 400) << bad;
+        EXPECT_EQ(e.param, "truncate_prompt_tokens") << bad;
+    }
+    // -1 truncates to the whole context: a longer prompt then leaves no room to generate.
+    const ApiError full_context = chat_error(R"({"messages": [{"role": "user", "content": ")" + long_text +
+                                             R"("}], "truncate_prompt_tokens": -1})");
+    EXPECT_EQ(full_context.code, "context_length_exceeded");
 }
 
 TEST_F(Requests, TemplateErrorsAre400) {
