@@ -121,7 +121,7 @@ void setup(CLI::App& app) {
         ->capture_default_str()->check(CLI::IsMember({"auto", "none", "hermes", "llama3_json"}));
     c->add_option("--max-body-bytes", args->http.max_body_bytes, "largest request body accepted (413 above)")
         ->capture_default_str();
-    c->add_option("--http-threads", args->http.http_threads, "HTTP worker threads (default: 2 x max-num-seqs + 16)");
+    c->add_option("--http-threads", args->http.http_threads, "HTTP worker threads (default: max(32, 2 x max-num-seqs + 16))");
     c->add_option("--drain-timeout", args->http.drain_timeout_s, "seconds in-flight requests get to finish after SIGTERM")
         ->capture_default_str()->check(CLI::Range(0.0, 86400.0));
     c->add_flag("--log-requests", args->http.log_requests, "print one line per HTTP request to stderr");
