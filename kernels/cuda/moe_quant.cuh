@@ -389,12 +389,9 @@ __global__ void __launch_bounds__(kMoeQuantMmaWarps<K, F> * kWarp)
                 }
             }
         }
-        const float* xr[TN];  // token column n * 8 + g: its pair's x row
+        const float* xr[TN];  // token column n * 8 + g: its pair's x row (past the chunk's pairs: the last one's)
 #pragma unroll
-        for (int n = 0; n < TN; ++n) {
-            const int i = n * 8 + g;
-            xr[n] = i < ch.count ? x + size_t(order[ch.first + i] / XDIV) * K : nullptr;
-        }
+        for (int n = 0; n < TN; ++n) xr[n] = x + size_t(order[ch.first + min(n * 8 + g, ch.count - 1)] / XDIV) * K;
         float acc[MT][TN][4], ss[TN];
         qmma_accumulate<F, TN, false>(wrow, srow, brow, CH, c_first, g, t, [&](int n) { return xr[n]; }, nullptr, acc, ss);
         qmma_warp_tree<false>(acc, ss, red, NW, warp, lane);

@@ -647,8 +647,12 @@ __device__ __forceinline__ int qmat_of(const QuantFusedArgs& p, int& n) {
 // quant_mma_kernel's main loop, shared with moe_quant_mma_kernel (moe_quant.cuh): the lane's
 // partial sums acc of MT 16-row tiles (wrow / srow / brow: rows g and g + 8 of each, at the warp's
 // first chunk, 16 t bytes in) against TN 8-token tiles over CH chunks of K from chunk c_first.
-// xrow(n): the x row of token column n * 8 + g, or null (zeros). NORM: x times norm_w, and ss[n]
-// gathers token g's sum of x^2 over the lane's k.
+// xrow(n): the x row of token column n * 8 + g; a column past the launch's tokens reads a valid row
+// (the callers give the last token's) and its sums are never written. No null rows: a load guarded
+// by `if (xr)` was executed with xr = 0 on the H100 (a 2-tile fp8 MoE instantiation faulted at
+// address 0 although its PTX branches around the load; docs/CUDA.md "Session 47"), so no load's
+// address depends on such a branch. NORM: x times norm_w, and ss[n] gathers token g's sum of x^2
+// over the lane's k.
 template <class F, int TN, bool NORM, int MT, class XRow>
 __device__ __forceinline__ void qmma_accumulate(const uint8_t* const (&wrow)[MT][2], const typename F::Scale* const (&srow)[MT][2],
                                                 const typename F::Scale* const (&brow)[MT][2], int CH, int c_first, int g, int t,
@@ -731,15 +735,10 @@ __device__ __forceinline__ void qmma_accumulate(const uint8_t* const (&wrow)[MT]
                     for (int n = 0; n < TN; ++n) {
                         const float* xr = xrow(n);
                         float xv[8];
-                        if (xr) {
-                            const float4 x0 = __ldg(reinterpret_cast<const float4*>(xr + k));
-                            const float4 x1 = __ldg(reinterpret_cast<const float4*>(xr + k + 4));
-                            xv[0] = x0.x; xv[1] = x0.y; xv[2] = x0.z; xv[3] = x0.w;
-                            xv[4] = x1.x; xv[5] = x1.y; xv[6] = x1.z; xv[7] = x1.w;
-                        } else {
-#pragma unroll
-                            for (int i = 0; i < 8; ++i) xv[i] = 0.0f;
-                        }
+                        const float4 x0 = __ldg(reinterpret_cast<const float4*>(xr + k));
+                        const float4 x1 = __ldg(reinterpret_cast<const float4*>(xr + k + 4));
+                        xv[0] = x0.x; xv[1] = x0.y; xv[2] = x0.z; xv[3] = x0.w;
+                        xv[4] = x1.x; xv[5] = x1.y; xv[6] = x1.z; xv[7] = x1.w;
                         if constexpr (NORM) {
 #pragma unroll
                             for (int i = 0; i < 8; ++i) {
@@ -783,9 +782,7 @@ __device__ __forceinline__ void qmma_accumulate(const uint8_t* const (&wrow)[MT]
                     if constexpr (NORM) nw = __ldg(reinterpret_cast<const float4*>(norm_w + k));
 #pragma unroll
                     for (int n = 0; n < TN; ++n) {
-                        const float* xr = xrow(n);
-                        float4 xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                        if (xr) xv = __ldg(reinterpret_cast<const float4*>(xr + k));
+                        float4 xv = __ldg(reinterpret_cast<const float4*>(xrow(n) + k));
                         if constexpr (NORM) {
                             ss[n] = fmaf(xv.x, xv.x, ss[n]);
                             ss[n] = fmaf(xv.y, xv.y, ss[n]);
@@ -902,10 +899,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * kWarp) quant_mma_kernel(const _
     float acc[MT][TN][4];
     qmma_accumulate<F, TN, NORM>(
         wrow, srow, brow, CH, c_first, g, t,
-        [&](int n) {
-            const int tok = tok0 + n * 8 + g;
-            return tok < p.rows ? p.x + size_t(tok) * p.k : nullptr;
-        },
+        [&](int n) { return p.x + size_t(min(tok0 + n * 8 + g, p.rows - 1)) * p.k; },  // past the last: the last
         p.norm_w, acc, ss);
     pdl_trigger();
     // Token g's sum of squares over its 4 lanes (then over the warps in the tree below).
