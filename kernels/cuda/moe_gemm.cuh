@@ -154,12 +154,15 @@ __global__ void __launch_bounds__(mma_warps(K) * kWarp)
         const bf16_t* wbase[NA];
         wbase[0] = static_cast<const bf16_t*>(experts[3 * ch.expert + MAT]) + size_t(nl + g) * K + warp * KW + 8 * t;
         if constexpr (SWIGLU) wbase[1] = static_cast<const bf16_t*>(experts[3 * ch.expert + MAT + 1]) + size_t(nl + g) * K + warp * KW + 8 * t;
-        // Lane's token column g of each 8-column group: its x row from this warp's K slice on.
+        // Lane's token column g of each 8-column group: its x row from this warp's K slice on. A
+        // column past the chunk's pairs reads the last pair's row (never a null row: a guarded null
+        // load faulted in the quantized form, docs/CUDA.md "Session 47"); MMA columns are
+        // independent and moe_chunk_outputs writes live columns only, so the live bits are the same.
         const float* xr[TN];
 #pragma unroll
         for (int n = 0; n < TN; ++n) {
-            const int i = n * 8 + g;
-            xr[n] = i < ch.count ? x + size_t(order[ch.first + i] / XDIV) * K + warp * KW + 8 * t : nullptr;
+            const int i = min(n * 8 + g, ch.count - 1);
+            xr[n] = x + size_t(order[ch.first + i] / XDIV) * K + warp * KW + 8 * t;
         }
 
         float acc[NA][MT][TN][4];
@@ -190,16 +193,9 @@ __global__ void __launch_bounds__(mma_warps(K) * kWarp)
             for (int u = 0; u < U; ++u) {
 #pragma unroll
                 for (int n = 0; n < TN; ++n) {
-                    float xv[8];
-                    if (xr[n]) {
-                        const float4 x0 = *reinterpret_cast<const float4*>(xr[n] + (c0 + u) * 32);
-                        const float4 x1 = *reinterpret_cast<const float4*>(xr[n] + (c0 + u) * 32 + 4);
-                        xv[0] = x0.x; xv[1] = x0.y; xv[2] = x0.z; xv[3] = x0.w;
-                        xv[4] = x1.x; xv[5] = x1.y; xv[6] = x1.z; xv[7] = x1.w;
-                    } else {
-#pragma unroll
-                        for (int i = 0; i < 8; ++i) xv[i] = 0.0f;
-                    }
+                    const float4 x0 = *reinterpret_cast<const float4*>(xr[n] + (c0 + u) * 32);
+                    const float4 x1 = *reinterpret_cast<const float4*>(xr[n] + (c0 + u) * 32 + 4);
+                    const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
                     uint32_t bh[4], bl[4];
 #pragma unroll
                     for (int i = 0; i < 8; i += 2) {
@@ -339,11 +335,13 @@ __global__ void __launch_bounds__(moe_row_warps<N>() * kWarp)
             for (int p = 0; p < WP; ++p)
                 w[a * WP + p] = static_cast<const bf16_t*>(experts[3 * ch.expert + MAT + a]) + size_t(p) * N * K + size_t(row0 + g) * K + 8 * t;
         // The x pieces this thread stages: piece i -> pair i / (KS / 4), k 4 (i % (KS / 4)) of the step.
+        // A pair past the chunk's stages the last pair's x (never a null row, as in moe_gemm_kernel;
+        // its columns are never written); a slot past kPieces loads the same and stores nothing.
         const float* src[kSlots];
 #pragma unroll
         for (int sl = 0; sl < kSlots; ++sl) {
-            const int i = threadIdx.x + sl * kThreads, pair = i / (KS / 4);
-            src[sl] = i < kPieces && pair < ch.count ? x + size_t(order[ch.first + pair] / XDIV) * K + 4 * (i % (KS / 4)) : nullptr;
+            const int i = threadIdx.x + sl * kThreads, pair = min(i / (KS / 4), ch.count - 1);
+            src[sl] = x + size_t(order[ch.first + pair] / XDIV) * K + 4 * (i % (KS / 4));
         }
         float acc[NA][TN][4];
 #pragma unroll
@@ -357,7 +355,7 @@ __global__ void __launch_bounds__(moe_row_warps<N>() * kWarp)
         auto load_x = [&](int step) {
 #pragma unroll
             for (int sl = 0; sl < kSlots; ++sl)
-                xv[sl] = src[sl] ? *reinterpret_cast<const float4*>(src[sl] + step * KS) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                xv[sl] = *reinterpret_cast<const float4*>(src[sl] + step * KS);
         };
         auto store_x = [&](int buf) {
 #pragma unroll
