@@ -316,7 +316,8 @@ __global__ void __launch_bounds__(moe_row_warps<N>() * kWarp)
     constexpr int KS = kMoeRowsStep;
     constexpr int kSteps = K / KS;
     constexpr int kPieces = P * KS / 4;  // float4 pieces of x per step
-    constexpr int kSlots = (kPieces + kThreads - 1) / kThreads;
+    static_assert(kPieces % kThreads == 0, "moe_gemm_rows_kernel: every thread stages whole slots of x pieces");
+    constexpr int kSlots = kPieces / kThreads;
     static_assert(K % KS == 0 && N % (16 * NWp) == 0, "moe_gemm_rows_kernel: K % 64 and whole 16-row tiles per warp");
     // [buffer][hi, lo][32-k sub-tile][pair][k]: a pair's 32 k are 64 bytes, so the 8 lanes of a
     // quarter warp (pairs g, g + 1 x 16-byte pieces t) read 8 distinct bank groups.
@@ -336,7 +337,7 @@ __global__ void __launch_bounds__(moe_row_warps<N>() * kWarp)
                 w[a * WP + p] = static_cast<const bf16_t*>(experts[3 * ch.expert + MAT + a]) + size_t(p) * N * K + size_t(row0 + g) * K + 8 * t;
         // The x pieces this thread stages: piece i -> pair i / (KS / 4), k 4 (i % (KS / 4)) of the step.
         // A pair past the chunk's stages the last pair's x (never a null row, as in moe_gemm_kernel;
-        // its columns are never written); a slot past kPieces loads the same and stores nothing.
+        // its columns are never written).
         const float* src[kSlots];
 #pragma unroll
         for (int sl = 0; sl < kSlots; ++sl) {
@@ -361,7 +362,6 @@ __global__ void __launch_bounds__(moe_row_warps<N>() * kWarp)
 #pragma unroll
             for (int sl = 0; sl < kSlots; ++sl) {
                 const int i = threadIdx.x + sl * kThreads;
-                if (i >= kPieces) continue;
                 const int pair = i / (KS / 4), k = 4 * (i % (KS / 4));
                 uint32_t h0, l0, h1, l1;
                 split_pair(xv[sl].x, xv[sl].y, h0, l0);
