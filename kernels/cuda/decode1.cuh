@@ -77,6 +77,7 @@ struct Decode1Params {
     float* part = nullptr;    // [HQ][16][D + 2]: the attention warps' partial softmaxes
     float* logits = nullptr;  // [VOCAB]
     unsigned* sync = nullptr;  // [64 + HQ] (d1::SyncWord), zero between launches
+    bool sync_count = false;   // the grid barriers' form (d1::grid_sync; SCR_CUDA_DECODE1_SYNC)
     unsigned long long* trace = nullptr;  // SCR_CUDA_DECODE1_TRACE=1: per block, the time of each event (d1::Trace)
 };
 
@@ -174,19 +175,34 @@ struct Trace {
 // line: the waiting blocks poll it, not the line the arrivals' atomics hit), per-head counters.
 enum SyncWord : int { kArrive = 0, kExit = 1, kRelease = 32, kHeads = 64 };
 
-// All blocks of the grid (one per SM, all resident) meet; writes before it are seen after it. The
-// last block to arrive publishes the barrier's number; the others wait for it.
-__device__ __forceinline__ void grid_sync(unsigned* sync, unsigned& passed, Trace& tr) {
+// All blocks of the grid (one per SM, all resident) meet; writes before it are seen after it.
+// Two forms (SCR_CUDA_DECODE1_SYNC, for A/B):
+// - `publish` (sessions 9-48): a fence, an atomic whose return tells the last block to arrive, which
+//   publishes the barrier's number on its own line; the others poll that line. Two L2 round trips
+//   after the last arrival (the atomic's return, then the publish seen by a poll).
+// - `count`: each block adds its arrival with release semantics and no return (red.release), and
+//   polls the arrival count itself against the barrier's cumulative target (passed x blocks): one
+//   round trip after the last arrival, no full fence.
+__device__ __forceinline__ void grid_sync(unsigned* sync, unsigned& passed, Trace& tr, bool count) {
     __syncthreads();
     tr.mark();
     ++passed;
     if (threadIdx.x == 0) {
-        __threadfence();
-        const unsigned old = atomicAdd(sync + kArrive, 1u);
-        if (old + 1 == passed * gridDim.x) {
-            asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(sync + kRelease), "r"(passed) : "memory");
+        if (count) {
+            // Release at gpu scope is cumulative: the block's writes ordered before it by the
+            // __syncthreads above are visible to any block whose acquire poll reads the sum.
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(sync + kArrive) : "memory");
+            const unsigned target = passed * gridDim.x;
+            while (ld_acquire(sync + kArrive) < target) {
+            }
         } else {
-            while (ld_acquire(sync + kRelease) < passed) {
+            __threadfence();
+            const unsigned old = atomicAdd(sync + kArrive, 1u);
+            if (old + 1 == passed * gridDim.x) {
+                asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(sync + kRelease), "r"(passed) : "memory");
+            } else {
+                while (ld_acquire(sync + kRelease) < passed) {
+                }
             }
         }
     }
@@ -740,24 +756,24 @@ __global__ void __launch_bounds__(M::NW * kWarp, 1) decode1_kernel(const __grid_
         tr.mark();
         prefetch_kv<M>(p, ly);
         consume<M, typename M::PQkv, 0>(p, q, ld, gw, GW, info, ring, bars, ci, act, inv);
-        grid_sync(p.sync, passed, tr);
+        grid_sync(p.sync, passed, tr, p.sync_count);
         attention<M>(p, ly, act);
-        grid_sync(p.sync, passed, tr);
+        grid_sync(p.sync, passed, tr, p.sync_count);
         stage<M::NQ, NT>(p.attn, act);
         __syncthreads();
         tr.mark();
         consume<M, typename M::PO, 1>(p, q + 1, ld, gw, GW, info, ring, bars, ci, act, 1.0f);
-        grid_sync(p.sync, passed, tr);
+        grid_sync(p.sync, passed, tr, p.sync_count);
         inv = norm_act<typename M::PGu, NT>(p.x, w.ln_mlp, p.eps, act, red);
         __syncthreads();
         tr.mark();
         consume<M, typename M::PGu, 2>(p, q + 2, ld, gw, GW, info, ring, bars, ci, act, inv);
-        grid_sync(p.sync, passed, tr);
+        grid_sync(p.sync, passed, tr, p.sync_count);
         stage<M::kFfn, NT>(p.h, act);
         __syncthreads();
         tr.mark();
         consume<M, typename M::PDn, 3>(p, q + 3, ld, gw, GW, info, ring, bars, ci, act, 1.0f);
-        grid_sync(p.sync, passed, tr);
+        grid_sync(p.sync, passed, tr, p.sync_count);
     }
     const float inv = norm_act<typename M::PHead, NT>(p.x, p.final_norm, p.eps_final, act, red);
     __syncthreads();
@@ -851,13 +867,22 @@ bool decode1(const Ctx& c, const typename M::Params& p) {
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, d1::decode1_kernel<M>, M::NW * kWarp, M::SMEM) != cudaSuccess ||
             per_sm < 1)
             return 0;
-        return sms;  // one block per SM: all resident at once, as the grid barriers need
+        // One block per SM: all resident at once, as the grid barriers need. SCR_CUDA_DECODE1_BLOCKS
+        // (A/B runs) takes fewer, e.g. 128 on a 132-SM GPU: 2,048 warps divide the 1B's and 8B's
+        // row counts, so no warp has a unit more than another in a phase (same bits: a row's sums
+        // do not depend on which warp makes them, and the attention keeps its blocks per head).
+        const long long want = env_int_switch(
+            "SCR_CUDA_DECODE1_BLOCKS", 0, [](long long b) { return b >= 0; }, "a block count (0: one per SM)");
+        return want > 0 && want < sms ? int(want) : sms;
     }();
     if (blocks <= 0) {
         cudaGetLastError();
         return false;
     }
     static const bool trace = env_flag_switch("SCR_CUDA_DECODE1_TRACE", false);
+    static const bool count = env_choice_switch("SCR_CUDA_DECODE1_SYNC", false, {{"publish", false}, {"count", true}}, "publish");
+    typename M::Params q = p;
+    q.sync_count = count;
     if (trace) {
         d1::TraceBuf& b = d1::TraceBuf::get();
         if (!b.dev) {
@@ -867,12 +892,9 @@ bool decode1(const Ctx& c, const typename M::Params& p) {
             b.layers = M::kL;
             std::atexit(d1::TraceBuf::report);
         }
-        typename M::Params q = p;
         q.trace = b.dev;
-        launch_smem(c, d1::decode1_kernel<M>, dim3(blocks), dim3(M::NW * kWarp), M::SMEM, q);
-        return true;
     }
-    launch_smem(c, d1::decode1_kernel<M>, dim3(blocks), dim3(M::NW * kWarp), M::SMEM, p);
+    launch_smem(c, d1::decode1_kernel<M>, dim3(blocks), dim3(M::NW * kWarp), M::SMEM, q);
     return true;
 }
 
