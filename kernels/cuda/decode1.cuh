@@ -868,9 +868,9 @@ bool decode1(const Ctx& c, const typename M::Params& p) {
             per_sm < 1)
             return 0;
         // One block per SM: all resident at once, as the grid barriers need. SCR_CUDA_DECODE1_BLOCKS
-        // (A/B runs) takes fewer, e.g. 128 on a 132-SM GPU: 2,048 warps divide the 1B's and 8B's
-        // row counts, so no warp has a unit more than another in a phase (same bits: a row's sums
-        // do not depend on which warp makes them, and the attention keeps its blocks per head).
+        // (A/B runs) takes fewer, e.g. 128 on a 132-SM GPU: with 2,048 warps each of the 8B's phases
+        // and the 1B's gate / up and down give every warp the same number of units (same bits: a
+        // row's sums do not depend on which warp makes them, nor the attention's on its blocks).
         const long long want = env_int_switch(
             "SCR_CUDA_DECODE1_BLOCKS", 0, [](long long b) { return b >= 0; }, "a block count (0: one per SM)");
         return want > 0 && want < sms ? int(want) : sms;

@@ -9,7 +9,7 @@
 # checkpoint in /dev/shm; 64 greedy ids of every variant against the launches'; per variant one
 # traced run (SCR_CUDA_DECODE1_TRACE=1: the phase table of its last launch); then ROUNDS rounds of
 # `scr cuda-bench --prompt 128 --decode 64 --prefill 0 --batches 1` over the variants and the
-# launches (`default`), interleaved.
+# launches (`default`), interleaved. $OUT gets summary.txt and the step logs as logs.tar.xz.
 set -u
 CARRY=${1:-.d1-carry}
 OUT=${OUT:-/tmp/scr-d1ab-out}
@@ -46,3 +46,6 @@ for m in ${MODELS:-1b}; do
     rm -rf $M
 done
 printf '%s\n' "${summary[@]}"
+# The run tool brings back a limited number of files: the step logs go home as one archive.
+tar -C "$OUT" -cJf /tmp/scr-d1ab-logs.tar.xz --exclude=summary.txt . &&
+    find "$OUT" -maxdepth 1 -name '*.txt' ! -name summary.txt -delete && mv /tmp/scr-d1ab-logs.tar.xz "$OUT/logs.tar.xz"
