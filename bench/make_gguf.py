@@ -15,7 +15,10 @@ Pure Python (no numpy). What llama.cpp needs, and what it is given:
 - llama.* hyper-parameters (context/embedding/feed-forward length, block count, head counts,
   rope base and dimension, RMS epsilon, vocab size);
 - tokenizer.ggml.model = "none" plus llama.vocab_size: llama.cpp then creates that many dummy
-  tokens, which is all `llama-bench` needs (it feeds random token ids).
+  tokens, which is all `llama-bench` needs (it feeds random token ids); or, with --vocab words,
+  the synthetic byte-level vocabulary `bench/cuda/serve_load.py tokenizer` gives `scr serve` (ids
+  0-255 the bytes, every other id the word " w<id>", no merges) as a GPT-2 BPE vocabulary, so that
+  `llama-server` streams the same text per token as `scr serve` does (each token visible).
 Not done, since it does not change speed: the q/k row permutation llama.cpp's converter applies
 for its rope layout, and the rope_freqs tensor of llama3 rope scaling (so logits are not those of
 the safetensors model; timings are).
@@ -32,7 +35,7 @@ GGUF_MAGIC = b"GGUF"
 GGUF_VERSION = 3
 ALIGN = 32
 # GGUF metadata value types
-T_UINT32, T_FLOAT32, T_BOOL, T_STRING, T_ARRAY, T_UINT64 = 4, 6, 7, 8, 9, 10
+T_INT32, T_UINT32, T_FLOAT32, T_BOOL, T_STRING, T_ARRAY, T_UINT64 = 5, 4, 6, 7, 8, 9, 10
 # ggml tensor types
 GGML_F32, GGML_BF16 = 0, 30
 LLAMA_FTYPE_MOSTLY_BF16 = 32
@@ -86,6 +89,38 @@ class Source:
             yield data
 
 
+def kv_array(key, etype, values):
+    out = s_str(key) + struct.pack("<IIQ", T_ARRAY, etype, len(values))
+    if etype == T_STRING:
+        return out + b"".join(s_str(v) for v in values)
+    if etype == T_INT32:
+        return out + struct.pack(f"<{len(values)}i", *values)
+    raise ValueError(etype)
+
+
+def word_vocab(cfg, V):
+    """serve_load.py's synthetic tokenizer as GGUF keys: a GPT-2 BPE vocabulary with no merges."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda"))
+    from serve_load import synthetic_tokens  # the one definition of that vocabulary
+
+    tokens = synthetic_tokens(V)
+    bos, eos = cfg.get("bos_token_id"), cfg.get("eos_token_id")
+    eos = eos[0] if isinstance(eos, list) else eos
+    out = [
+        kv("tokenizer.ggml.model", T_STRING, "gpt2"),
+        kv("tokenizer.ggml.pre", T_STRING, "default"),
+        kv_array("tokenizer.ggml.tokens", T_STRING, tokens),
+        kv_array("tokenizer.ggml.token_type", T_INT32, [1] * V),  # all normal: every id decodes to its text
+        kv_array("tokenizer.ggml.merges", T_STRING, []),
+        kv("tokenizer.ggml.add_bos_token", T_BOOL, False),
+    ]
+    if isinstance(bos, int) and 0 <= bos < V:
+        out.append(kv("tokenizer.ggml.bos_token_id", T_UINT32, bos))
+    if isinstance(eos, int) and 0 <= eos < V:
+        out.append(kv("tokenizer.ggml.eos_token_id", T_UINT32, eos))
+    return out
+
+
 def bf16_to_f32_bytes(raw):
     out = bytearray(len(raw) * 2)
     out[2::4] = raw[0::2]
@@ -108,6 +143,8 @@ def main():
     ap.add_argument("config", help="config.json, or a folder holding one")
     ap.add_argument("out", help="output .gguf")
     ap.add_argument("--from", dest="src", help="folder written by `scr make-random ... --dtype bf16`")
+    ap.add_argument("--vocab", choices=["none", "words"], default="none",
+                    help="none: dummy tokens (llama-bench); words: serve_load.py's synthetic vocabulary (llama-server)")
     a = ap.parse_args()
     cfg_path = os.path.join(a.config, "config.json") if os.path.isdir(a.config) else a.config
     cfg = json.load(open(cfg_path))
@@ -164,8 +201,7 @@ def main():
         kv("llama.rope.freq_base", T_FLOAT32, float(cfg.get("rope_theta", 10000.0))),
         kv("llama.attention.layer_norm_rms_epsilon", T_FLOAT32, float(cfg.get("rms_norm_eps", 1e-5))),
         kv("llama.vocab_size", T_UINT32, V),
-        kv("tokenizer.ggml.model", T_STRING, "none"),
-    ]
+    ] + (word_vocab(cfg, V) if a.vocab == "words" else [kv("tokenizer.ggml.model", T_STRING, "none")])
 
     infos, offset = [], 0
     for name, _, dims, vec in tensors:

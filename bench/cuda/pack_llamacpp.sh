@@ -9,6 +9,8 @@
 #     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
 #     -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined
 #   ninja -C lcpp-build llama-bench llama-quantize llama-batched-bench
+# (for bench/cuda/serve_peers.sh: -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_EXAMPLES=OFF and the target
+# llama-server; whichever of the four tools the build holds are packed)
 # The archive holds the stripped tools, bin/*.so* and this machine's libgomp and libcudart; cuBLAS
 # comes from /usr/local/cuda/lib64 on the GPU machine (the executables link with
 # -Wl,--allow-shlib-undefined here: libcuda.so.1 is the GPU machine's driver). Keep OUT git-ignored (echo /.lcpp-carry/ >> .git/info/exclude).
@@ -18,8 +20,8 @@ O=${2:-.lcpp-carry}
 rm -rf "$O"
 stage=$(mktemp -d)
 mkdir -p "$stage/lib" "$O"
-for t in llama-bench llama-quantize llama-batched-bench; do
-    strip -o "$stage/$t" "$B/bin/$t"
+for t in llama-bench llama-quantize llama-batched-bench llama-server; do  # those the build made
+    [ -f "$B/bin/$t" ] && strip -o "$stage/$t" "$B/bin/$t"
 done
 for lib in "$B"/bin/lib*.so*; do
     [ -L "$lib" ] && { cp -P "$lib" "$stage/lib/"; continue; }
@@ -30,7 +32,8 @@ for lib in $(ldd "$B/bin/libggml-cuda.so" "$B/bin/libggml-cpu.so" | awk '/(libgo
     cp -L "$lib" "$stage/lib/"
 done
 src=$(sed -n "s/^CMAKE_HOME_DIRECTORY:INTERNAL=//p" "$B/CMakeCache.txt")
-git -C "$src" rev-parse --short HEAD > "$stage/COMMIT"  # named in the comparison's log
+# named in the comparison's log: the source's commit, or (a tree exported by `git archive`) its COMMIT file
+git -C "$src" rev-parse --short HEAD > "$stage/COMMIT" 2>/dev/null || cp "$src/COMMIT" "$stage/COMMIT"
 tar -C "$stage" -cf - . | xz --x86 --lzma2=preset=9e -T1 > "$O/bin.tar.xz"
 rm -rf "$stage"
 ls -la "$O"

@@ -134,7 +134,7 @@ async def one_request(args, model, i):
         if status != 200:
             text = b"".join([p async for p in _body_pieces(reader, h)]).decode(errors="replace")
             raise HttpError(f"HTTP {status}: {text[:300]}")
-        buffer, first, last, usage, gaps = "", 0.0, 0.0, None, []
+        buffer, first, last, usage, gaps, events = "", 0.0, 0.0, None, [], 0
         async for piece in _body_pieces(reader, h):
             now = time.perf_counter()  # per network read: events that arrive together are seen together
             buffer += piece.decode("utf-8", errors="replace")
@@ -155,18 +155,20 @@ async def one_request(args, model, i):
                 for c in chunk.get("choices") or []:
                     if c.get("text") or (c.get("delta") or {}).get("content"):
                         content = True
+                        events += 1
             if content:
                 if first:
                     gaps.append(now - last)
                 else:
                     first = now
                 last = now
-        if usage is None:
-            raise HttpError("the stream carried no usage chunk")
         if not first:
             raise HttpError("the stream carried no content")
+        if usage is None and not args.count_events:
+            raise HttpError("the stream carried no usage chunk (--count-events counts content events instead)")
+        tokens = usage["completion_tokens"] if usage else events
         return {"ttft": first - start, "e2e": last - start, "gaps": gaps,
-                "tokens": usage["completion_tokens"], "prompt_tokens": usage.get("prompt_tokens", 0)}
+                "tokens": tokens, "prompt_tokens": (usage or {}).get("prompt_tokens", 0)}
     finally:
         writer.close()
 
@@ -285,6 +287,14 @@ def bytes_to_unicode():
     return dict(zip(bs, (chr(c) for c in cs)))
 
 
+def synthetic_tokens(vocab_size):
+    """The synthetic vocabulary in id order (byte-level strings): ids 0-255 are the bytes, every
+    other id the word " w<id>" (\u0120 is the byte-level space). bench/make_gguf.py --vocab words
+    writes the same list into a GGUF for llama-server."""
+    byte_chars = bytes_to_unicode()
+    return [byte_chars[b] for b in range(256)] + [f"\u0120w{i}" for i in range(256, vocab_size)]
+
+
 def write_tokenizer(model_dir):
     """Byte-level BPE: ids 0-255 are the bytes (any text encodes, one token per byte: no merges),
     every other id of the config's vocabulary is the word " w<id>", so each generated token
@@ -292,10 +302,7 @@ def write_tokenizer(model_dir):
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
     vocab_size = cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size")
-    byte_chars = bytes_to_unicode()
-    vocab = {byte_chars[b]: b for b in range(256)}
-    for i in range(256, vocab_size):
-        vocab[f"\u0120w{i}"] = i  # \u0120 is the byte-level space
+    vocab = {t: i for i, t in enumerate(synthetic_tokens(vocab_size))}
     tok = {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
@@ -335,6 +342,8 @@ def main():
     lo.add_argument("--label", default="")
     lo.add_argument("--no-warmup", dest="warmup", action="store_false")
     lo.add_argument("--json", action="store_true")
+    lo.add_argument("--count-events", action="store_true",
+                    help="a stream without a usage chunk counts its content events as tokens (servers that send none)")
     args = p.parse_args()
     if args.cmd == "tokenizer":
         write_tokenizer(args.model_dir)
