@@ -1,7 +1,7 @@
 #!/bin/bash
 # `scr serve` and llama.cpp's `llama-server` side by side in ONE call on the GPU machine, on the same
 # random weights, under the same load (issue #6: TTFT / ITL at 1 / 16 / 64 clients beside the peers):
-#   OUT=$OUT [MODELS="1b 8b"] [ROUNDS=2] [LEVELS=1,16,64] bash bench/cuda/serve_peers.sh SCR_CARRY LLAMA_CARRY
+#   OUT=$OUT [MODELS="1b 8b"] [ROUNDS=2] [LEVELS=1,16,64] [LLAMA_VARIANTS="plain gpu"] bash bench/cuda/serve_peers.sh SCR_CARRY LLAMA_CARRY
 # SCR_CARRY/bin.tar.xz: scr of a CUDA build holding the models in bf16 (tests/cuda/pack_carry.sh).
 # LLAMA_CARRY/bin.tar.xz: llama-server and its shared libraries (bench/cuda/pack_llamacpp.sh; a CUDA
 #   build of llama.cpp made here, never committed).
@@ -13,8 +13,14 @@
 # client, one warm-up request first) and stopped.
 #   scr serve DIR --max-model-len 4096 --kv-cache-memory 8GiB --max-num-seqs 64   (device_bench.sh's)
 #   llama-server -m GGUF -ngl 99 -fa on -np 64 -c 32768 (512 tokens per slot) -b 2048 -ub 512
-# Both batch continuously and sample on their own terms (ours on the GPU, llama.cpp's on the CPU);
+#   and LLAMA_VARIANTS (default "plain gpu"): gpu adds --backend-sampling --kv-unified (its
+#   experimental sampling on the GPU, one KV buffer for all slots)
+# Both batch continuously; ours samples on the GPU, llama.cpp's on the CPU unless `gpu`;
 # both run their default prefix caching (every prompt differs from its first token, so neither hits).
+# On random weights a few llama-server requests fail part-way ("The model produced output that
+# does not match the expected Content-only format": its chat-output parser rejects a text that
+# holds a broken UTF-8 sequence, which a drawn byte token 128-255 makes); serve_load.py counts them as
+# errors and leaves them out of the figures.
 # The tables in $OUT/summary.txt, the logs in $OUT/logs.tar.xz. Also recorded: whether `transformers serve`
 # (the PyTorch peer's server) can run there (its Python dependencies), for a later comparison.
 set -u
@@ -34,11 +40,12 @@ device_unpack "$1" /tmp/scr-peers-scr
 S=$C/scr
 echo "llama.cpp $(cat $L/COMMIT 2>/dev/null || echo '?'); scr $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 GGUF_DIR=${GGUF_DIR:-/tmp}
-port=8123
+port=8123   # scr serve's; each llama-server start takes a fresh one (its socket does not reuse a
+lport=9000  # port whose connections the previous server closed are still in TIME_WAIT)
 
-# load NAME PID VOCAB: serve_load.py against the server PID on $port, its table echoed.
+# load NAME PID VOCAB PORT: serve_load.py against the server PID on PORT, its table echoed.
 load() {
-    step "$1" 300 python3 bench/cuda/serve_load.py load --url http://127.0.0.1:$port --server-pid "$2" \
+    step "$1" 300 python3 bench/cuda/serve_load.py load --url http://127.0.0.1:$4 --server-pid "$2" \
         --levels "${LEVELS:-1,16,64}" --max-tokens 128 --prompt-tokens 128 --requests-per-client 2 --min-requests 4 \
         --seconds 30 --ready-timeout 180 --vocab "$3" --label "$1" --json --count-events
     echo "== $1 (${summary[-1]})"
@@ -63,15 +70,19 @@ for m in ${MODELS:-1b 8b}; do
         k=${m}_scr_r$r
         $S serve "$M" --port $port --max-model-len 4096 --kv-cache-memory 8GiB --max-num-seqs 64 > "$LOGS/server_$k.txt" 2>&1 &
         pid=$!
-        load "$k" $pid "$vocab"
+        load "$k" $pid "$vocab" $port
         stop $pid
-        k=${m}_llamacpp_r$r
-        $L/llama-server -m "$G" --host 127.0.0.1 --port $port -ngl 99 -fa on -np 64 -c 32768 -b 2048 -ub 512 \
-            > "$LOGS/server_$k.txt" 2>&1 &
-        pid=$!
-        load "$k" $pid "$vocab"
-        stop $pid
-        grep -E "^\|" "$LOGS/$k.txt" > /dev/null || tail -n 20 "$LOGS/server_$k.txt"  # why it failed
+        for v in ${LLAMA_VARIANTS:-plain gpu}; do
+            extra=; [ $v = gpu ] && extra="--backend-sampling --kv-unified"
+            k=${m}_llamacpp_${v}_r$r
+            lport=$((lport + 1))
+            $L/llama-server -m "$G" --host 127.0.0.1 --port $lport -ngl 99 -fa on -np 64 -c 32768 -b 2048 -ub 512 $extra \
+                > "$LOGS/server_$k.txt" 2>&1 &
+            pid=$!
+            load "$k" $pid "$vocab" $lport
+            stop $pid
+            grep -E "^\|" "$LOGS/$k.txt" > /dev/null || tail -n 20 "$LOGS/server_$k.txt"  # why it failed
+        done
     done
     rm -rf "$G"
 done
