@@ -1,7 +1,7 @@
 #!/bin/bash
 # `scr serve` and llama.cpp's `llama-server` side by side in ONE call on the GPU machine, on the same
 # random weights, under the same load (issue #6: TTFT / ITL at 1 / 16 / 64 clients beside the peers):
-#   OUT=$OUT [MODELS="1b 8b"] [ROUNDS=2] [LEVELS=1,16,64] [LLAMA_VARIANTS="plain gpu"] bash bench/cuda/serve_peers.sh SCR_CARRY LLAMA_CARRY
+#   OUT=$OUT [MODELS="1b 8b"] [ROUNDS=2] [LEVELS=1,16,64] [LLAMA_VARIANTS="plain"] bash bench/cuda/serve_peers.sh SCR_CARRY LLAMA_CARRY
 # SCR_CARRY/bin.tar.xz: scr of a CUDA build holding the models in bf16 (tests/cuda/pack_carry.sh).
 # LLAMA_CARRY/bin.tar.xz: llama-server and its shared libraries (bench/cuda/pack_llamacpp.sh; a CUDA
 #   build of llama.cpp made here, never committed).
@@ -13,8 +13,10 @@
 # client, one warm-up request first) and stopped.
 #   scr serve DIR --max-model-len 4096 --kv-cache-memory 8GiB --max-num-seqs 64   (device_bench.sh's)
 #   llama-server -m GGUF -ngl 99 -fa on -np 64 -c 32768 (512 tokens per slot) -b 2048 -ub 512
-#   and LLAMA_VARIANTS (default "plain gpu"): gpu adds --backend-sampling --kv-unified (its
-#   experimental sampling on the GPU, one KV buffer for all slots)
+#   per LLAMA_VARIANTS (default "plain"); `gpu` adds --backend-sampling --kv-unified (its
+#   experimental sampling on the GPU, one KV buffer for all slots): at d32676d77 that aborts at
+#   start-up with 64 slots (GGML_ASSERT(obj_new) in ggml_new_object under build_sampling: the
+#   graph's object pool is too small), 1B and 8B alike (docs/PERF.md "Session 50")
 # Both batch continuously; ours samples on the GPU, llama.cpp's on the CPU unless `gpu`;
 # both run their default prefix caching (every prompt differs from its first token, so neither hits).
 # On random weights a few llama-server requests fail part-way ("The model produced output that
@@ -72,7 +74,7 @@ for m in ${MODELS:-1b 8b}; do
         pid=$!
         load "$k" $pid "$vocab" $port
         stop $pid
-        for v in ${LLAMA_VARIANTS:-plain gpu}; do
+        for v in ${LLAMA_VARIANTS:-plain}; do
             extra=; [ $v = gpu ] && extra="--backend-sampling --kv-unified"
             k=${m}_llamacpp_${v}_r$r
             lport=$((lport + 1))
