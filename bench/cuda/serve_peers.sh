@@ -42,8 +42,8 @@ device_unpack "$1" /tmp/scr-peers-scr
 S=$C/scr
 echo "llama.cpp $(cat $L/COMMIT 2>/dev/null || echo '?'); scr $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 GGUF_DIR=${GGUF_DIR:-/tmp}
-port=8123   # scr serve's; each llama-server start takes a fresh one (its socket does not reuse a
-lport=9000  # port whose connections the previous server closed are still in TIME_WAIT)
+port=8123   # scr serve's; each llama-server start takes a fresh one (on the port scr serve had just
+lport=9000  # closed it could not bind: likely the connections still in TIME_WAIT)
 
 # load NAME PID VOCAB PORT: serve_load.py against the server PID on PORT, its table echoed.
 load() {
