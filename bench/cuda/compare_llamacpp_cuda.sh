@@ -21,17 +21,12 @@ if [ $# -ne 2 ] || [ ! -f "$1/bin.tar.xz" ] || [ ! -f "$2/bin.tar.xz" ]; then
     echo "usage: [OUT=DIR] [MODELS=...] bash $0 SCR_CARRY LLAMA_CARRY (each a folder holding bin.tar.xz; see the header)" >&2
     exit 2
 fi
-OUT=${OUT:-/tmp/scr-lcpp-out}
-LOGS=$OUT/logs
-mkdir -p "$LOGS"
-exec > >(tee -a "$OUT/summary.txt") 2>&1
 . tests/cuda/device_lib.sh
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+device_begin /tmp/scr-lcpp-out
 device_unpack "$2" /tmp/scr-lcpp
 L=$C
 device_unpack "$1" /tmp/scr-lcpp-scr
 S=$C/scr
-echo "llama.cpp $(cat $L/COMMIT); scr $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 ROUNDS=${ROUNDS:-2}
 PRESETS=${PRESETS:-mlx-int4-g64 int8}  # ours, beside bf16
 TYPES=${TYPES:-BF16 Q4_0 Q8_0}         # llama.cpp's

@@ -27,20 +27,15 @@
 # (the PyTorch peer's server) can run there (its Python dependencies), for a later comparison.
 set -u
 if [ $# -ne 2 ] || [ ! -f "$1/bin.tar.xz" ] || [ ! -f "$2/bin.tar.xz" ]; then
-    echo "usage: [OUT=DIR] [MODELS=...] [ROUNDS=N] [LEVELS=...] bash $0 SCR_CARRY LLAMA_CARRY (each a folder holding bin.tar.xz)" >&2
+    echo "usage: [OUT=DIR] [MODELS=...] [ROUNDS=N] [LEVELS=...] [LLAMA_VARIANTS=...] bash $0 SCR_CARRY LLAMA_CARRY (each a folder holding bin.tar.xz)" >&2
     exit 2
 fi
-OUT=${OUT:-/tmp/scr-serve-peers}
-LOGS=$OUT/logs
-mkdir -p "$LOGS"
-exec > >(tee -a "$OUT/summary.txt") 2>&1
 . tests/cuda/device_lib.sh
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+device_begin /tmp/scr-serve-peers
 device_unpack "$2" /tmp/scr-peers-lcpp
 L=$C
 device_unpack "$1" /tmp/scr-peers-scr
 S=$C/scr
-echo "llama.cpp $(cat $L/COMMIT 2>/dev/null || echo '?'); scr $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 GGUF_DIR=${GGUF_DIR:-/tmp}
 port=8123   # scr serve's; each llama-server start takes a fresh one (on the port scr serve had just
 lport=9000  # closed it could not bind: likely the connections still in TIME_WAIT)

@@ -11,13 +11,9 @@
 #   4. `scr bench --mode forward --input-len 2048` prefill for MODELS, default and =keys, alternating.
 set -u
 CARRY=${1:-.ap-carry}
-OUT=${OUT:-/tmp/scr-ap-out}
-LOGS=/tmp/scr-ap-logs
-mkdir -p "$LOGS" "$OUT"
-exec > >(tee -a "$OUT/summary.txt") 2>&1
 . tests/cuda/device_lib.sh
+device_begin /tmp/scr-ap-out /tmp/scr-ap-logs  # tarred into $OUT at the end (the run tool brings back few files)
 device_unpack "$CARRY" /tmp/scr-ap-bin
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 F=tests/fixtures
 FIX="$F/LlamaForCausalLM $F/Qwen3ForCausalLM $F/Qwen3MoeForCausalLM $F/long/LlamaForCausalLM $F/long/Qwen3ForCausalLM $F/long/Qwen3MoeForCausalLM"
 

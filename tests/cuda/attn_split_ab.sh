@@ -12,14 +12,10 @@
 # and the last position's logits of a 300-token prompt (prefill-sized linears), bit for bit.
 set -u
 CARRY=${1:-.ab-carry}
-OUT=${OUT:-/tmp/scr-ab-out}
-LOGS=/tmp/scr-ab-logs  # tarred into $OUT at the end (the run tool brings back few files)
-mkdir -p "$LOGS" "$OUT"
-exec > >(tee -a "$OUT/summary.txt") 2>&1
 . tests/cuda/device_lib.sh
+device_begin /tmp/scr-ab-out /tmp/scr-ab-logs  # tarred into $OUT at the end (the run tool brings back few files)
 device_unpack "$CARRY" /tmp/scr-ab-bin
 AB_ENV=${AB_ENV:-SCR_CUDA_ATTN_SPLIT=0}
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 IFS=';' read -r -a variants <<< "${AB_ENVS:-$AB_ENV}"
 for m in ${MODELS:-1b 8b}; do
     make_model $m

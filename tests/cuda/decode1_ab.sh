@@ -12,12 +12,8 @@
 # launches (`default`), interleaved. $OUT gets summary.txt and the step logs as logs.tar.xz.
 set -u
 CARRY=${1:-.d1-carry}
-OUT=${OUT:-/tmp/scr-d1ab-out}
-LOGS=$OUT
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/summary.txt") 2>&1
 . tests/cuda/device_lib.sh
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+device_begin /tmp/scr-d1ab-out /tmp/scr-d1ab-logs  # tarred into $OUT at the end (the run tool brings back few files)
 device_unpack "$CARRY" /tmp/scr-d1ab-bin
 S=$C
 VARIANTS=${VARIANTS:-plain}
@@ -47,5 +43,4 @@ for m in ${MODELS:-1b}; do
 done
 printf '%s\n' "${summary[@]}"
 # The run tool brings back a limited number of files: the step logs go home as one archive.
-tar -C "$OUT" -cJf /tmp/scr-d1ab-logs.tar.xz --exclude=summary.txt . &&
-    find "$OUT" -maxdepth 1 -name '*.txt' ! -name summary.txt -delete && mv /tmp/scr-d1ab-logs.tar.xz "$OUT/logs.tar.xz"
+tar -C "$LOGS" -cJf "$OUT/logs.tar.xz" .

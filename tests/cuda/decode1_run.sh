@@ -12,12 +12,8 @@
 set -u
 CARRY=${1:-.d1-carry}
 TCARRY=${2:-}
-OUT=${OUT:-/tmp/scr-d1-out}
-LOGS=/tmp/scr-d1-logs
-mkdir -p "$LOGS" "$OUT"
-exec > >(tee -a "$OUT/summary.txt") 2>&1
 . tests/cuda/device_lib.sh
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+device_begin /tmp/scr-d1-out /tmp/scr-d1-logs  # tarred into $OUT at the end (the run tool brings back few files)
 if [ -n "$TCARRY" ]; then
     device_unpack "$TCARRY" /tmp/scr-d1-tests
     T=$C

@@ -1,8 +1,12 @@
 # Sourced by the device scripts (tests/cuda/*.sh run through the run tool on the GPU machine):
+#   device_begin OUT_DEFAULT [LOGS]   the scripts' common start: OUT (the caller's, else OUT_DEFAULT)
+#                                     and LOGS (default $OUT/logs) made, everything after it also
+#                                     written to $OUT/summary.txt, the GPU and its clocks named;
 #   device_unpack CARRY_DIR BIN_DIR   unpacks CARRY_DIR/bin.tar.xz (tests/cuda/pack_carry.sh) into
 #                                     BIN_DIR (sets C), puts its lib/ and the toolkit's libraries on
 #                                     LD_LIBRARY_PATH and the toolkit's tools (ncu, compute-sanitizer)
-#                                     on PATH, and reads weights from the file mapping (SCR_HUGE_PAGES=0);
+#                                     on PATH, reads weights from the file mapping (SCR_HUGE_PAGES=0),
+#                                     and names the carry's build (its BUILD or COMMIT file);
 #   step NAME TIMEOUT CMD...          runs CMD under timeout, its output in $LOGS/NAME.txt, and adds
 #                                     "NAME: rc=... (... s)" to the summary array;
 #   model_config KEY                  the config.json of model KEY (below; an unknown key: rc 1, named);
@@ -33,12 +37,24 @@
 #                                     NAME=VALUE[+NAME=VALUE...] (all set; no + or spaces in values);
 #                                     the scr is $S/scr.
 summary=()
+device_begin() {
+    OUT=${OUT:-$1}
+    LOGS=${2:-$OUT/logs}
+    mkdir -p "$OUT" "$LOGS"
+    exec > >(tee -a "$OUT/summary.txt") 2>&1
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+}
 decode_line() {
     echo "$1 | $(grep -E '^decode batch +[0-9]+:' "$OUT/$1.txt" | sed -E 's/^decode batch +([0-9]+): ([0-9]+) tok\/s sampling on the GPU \(([0-9]+) run ahead\).*/\1: \2 (\3)/' | tr '\n' ' ')"
 }
 device_unpack() {
     C=$2
+    rm -f "$C/BUILD" "$C/COMMIT"  # an earlier unpack's, on a warm machine
     mkdir -p "$C" && tar -C "$C" -xJf "$1/bin.tar.xz" || { echo "cannot unpack $1/bin.tar.xz"; exit 1; }
+    # pack_carry.sh writes BUILD, pack_llamacpp.sh COMMIT: the binaries' source, not this tree's git
+    local f built="build not recorded"
+    for f in "$C/BUILD" "$C/COMMIT"; do [ -f "$f" ] && built=$(cat "$f"); done
+    echo "carry $1: $built"
     export LD_LIBRARY_PATH=$C/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     export PYTHONUNBUFFERED=1 SCR_HUGE_PAGES=0
     command -v ncu >/dev/null || export PATH=$PATH:/usr/local/cuda/bin

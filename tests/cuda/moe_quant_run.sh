@@ -24,12 +24,8 @@
 #           per pair and by default (expanded), then scr_cuda_moe --no-bench under memcheck.
 set -u
 CARRY=${1:-.moeq-carry}
-OUT=${OUT:-/tmp/scr-moeq-out}
-LOGS=/tmp/scr-moeq-logs  # tarred into $OUT at the end (the run tool brings back few files)
-mkdir -p "$LOGS" "$OUT"
-exec > >(tee -a "$OUT/summary.txt") 2>&1
 . tests/cuda/device_lib.sh
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+device_begin /tmp/scr-moeq-out /tmp/scr-moeq-logs  # tarred into $OUT at the end (the run tool brings back few files)
 
 if [[ " ${PARTS:-checks 30b} " == *" checks "* ]]; then
     device_unpack "$CARRY" /tmp/scr-moeq-bin

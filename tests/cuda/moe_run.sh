@@ -12,13 +12,9 @@
 #      (SCR_CUDA_MOE_WIDE=ksplit: wide steps on the k-split kernel; also reruns step 1 that way).
 set -u
 CARRY=${1:-.moe-carry}
-OUT=${OUT:-/tmp/scr-moe-out}
-LOGS=/tmp/scr-moe-logs  # tarred into $OUT at the end (the run tool brings back few files)
-mkdir -p "$LOGS" "$OUT"
-exec > >(tee -a "$OUT/summary.txt") 2>&1
 . tests/cuda/device_lib.sh
+device_begin /tmp/scr-moe-out /tmp/scr-moe-logs  # tarred into $OUT at the end (the run tool brings back few files)
 device_unpack "$CARRY" /tmp/scr-moe-bin
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 F=tests/fixtures
 IDS=$(seq -s, 1 40)
 

@@ -18,6 +18,12 @@ for f in "$B/scr" "$B/tests/cuda/scr_cuda_tests" "$B/tests/cuda/scr_cuda_quant_g
     ldd "$f" | awk '/=> \//{print $3}' | grep -v -E '/(libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s|libpcre2-8|libssl|libcrypto|libz|libcublas|libcublasLt|ld-linux[^/]*)\.so' |
         while read -r lib; do cp -Ln "$lib" "$stage/lib/" 2>/dev/null || true; done
 done
+# What the binaries were built from, named by device_unpack on the GPU machine (that machine's copy
+# of the tree may be at another commit): the commit of BUILD_DIR's source tree when packed,
+# "-dirty" where it had uncommitted changes, and when scr was linked.
+src=$(sed -n "s/^CMAKE_HOME_DIRECTORY:INTERNAL=//p" "$B/CMakeCache.txt")
+echo "scr source $(git -C "$src" describe --always --dirty 2>/dev/null || echo '(not a git tree)') when packed;" \
+    "$B/scr linked $(date -u -r "$B/scr" '+%Y-%m-%d %H:%M UTC' 2>/dev/null || echo '(no scr)')" > "$stage/BUILD"
 # --x86: the branch-call filter for x86 code, ~6 % smaller than plain -9e on these binaries (tar -xJf reads it).
 tar -C "$stage" -cf - . | xz --x86 --lzma2=preset=9e -T1 > "$O/bin.tar.xz"
 rm -rf "$stage"

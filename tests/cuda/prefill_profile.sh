@@ -7,13 +7,9 @@
 # kernels of that run (the warm-up prefill first), summed per kernel by tests/cuda/ncu_sum.py.
 set -u
 CARRY=${1:-.l1b-carry}
-OUT=${OUT:-/tmp/scr-pf-out}
-LOGS=/tmp/scr-pf-logs
-mkdir -p "$LOGS" "$OUT"
-exec > >(tee -a "$OUT/summary.txt") 2>&1
 . tests/cuda/device_lib.sh
+device_begin /tmp/scr-pf-out /tmp/scr-pf-logs  # tarred into $OUT at the end (the run tool brings back few files)
 device_unpack "$CARRY" /tmp/scr-pf-bin
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 L=${LEN:-2048}
 for m in ${MODELS:-1b 8b}; do
     make_model $m

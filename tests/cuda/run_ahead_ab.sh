@@ -17,12 +17,8 @@
 #   SCR_CARRY's and its cuda-bench runs interleave with SCR_CARRY's. LATENCY=0 skips `scr bench`.
 # Both carries are packed by tests/cuda/pack_carry.sh. Summary in $OUT/summary.txt.
 set -u
-OUT=${OUT:-/tmp/scr-ra-out}
-LOGS=/tmp/scr-ra-logs  # tarred into $OUT at the end
-mkdir -p "$LOGS" "$OUT"
-exec > >(tee -a "$OUT/summary.txt") 2>&1
 . tests/cuda/device_lib.sh
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+device_begin /tmp/scr-ra-out /tmp/scr-ra-logs  # tarred into $OUT at the end (the run tool brings back few files)
 ROUNDS=${ROUNDS:-2}
 if [ -n "${2:-}" ]; then
     device_unpack "$2" /tmp/scr-ra-tests

@@ -20,12 +20,8 @@
 #   `scr cuda-bench --batches 1` (greedy).
 # Both carries are packed by tests/cuda/pack_carry.sh. Summary in $OUT/summary.txt.
 set -u
-OUT=${OUT:-/tmp/scr-sc-out}
-LOGS=/tmp/scr-sc-logs  # tarred into $OUT at the end
-mkdir -p "$LOGS" "$OUT"
-exec > >(tee -a "$OUT/summary.txt") 2>&1
 . tests/cuda/device_lib.sh
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+device_begin /tmp/scr-sc-out /tmp/scr-sc-logs  # tarred into $OUT at the end (the run tool brings back few files)
 ROUNDS=${ROUNDS:-2}
 if [ -n "${2:-}" ]; then
     device_unpack "$2" /tmp/scr-sc-tests

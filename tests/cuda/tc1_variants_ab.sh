@@ -15,12 +15,8 @@
 #   per variant, interleaved, ROUNDS rounds.
 # Both carries are packed by tests/cuda/pack_carry.sh. Summary in $OUT/summary.txt.
 set -u
-OUT=${OUT:-/tmp/scr-tc1v-out}
-LOGS=/tmp/scr-tc1v-logs  # tarred into $OUT at the end
-mkdir -p "$LOGS" "$OUT"
-exec > >(tee -a "$OUT/summary.txt") 2>&1
 . tests/cuda/device_lib.sh
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+device_begin /tmp/scr-tc1v-out /tmp/scr-tc1v-logs  # tarred into $OUT at the end (the run tool brings back few files)
 read -r -a VARS <<< "${VARIANTS:-default xone}"
 read -r -a CVARS <<< "${CHECK_VARIANTS:-${VARS[*]}}"  # the variants whose GEMV checks run (default: all)
 # A variant is "default", a value of SCR_CUDA_QUANT_TC1_VARIANT, or a whole NAME=VALUE assignment
