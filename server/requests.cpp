@@ -148,6 +148,18 @@ void parse_stream_options(RequestFields& f, GenerationJob& job) {
     }
 }
 
+// What /v1/chat/completions and /v1/completions read alike: the model, sampling, streaming and
+// prompt truncation.
+GenerationJob parse_openai_common(RequestFields& f, ApiKind api, const ServingContext& ctx) {
+    GenerationJob job;
+    job.api = api;
+    check_model(f, ctx, false);
+    parse_openai_sampling(f, ctx, job.params, job.priority);
+    parse_stream_options(f, job);
+    job.truncate_prompt_tokens = parse_truncation(f, ctx);
+    return job;
+}
+
 // Every prompt fits with room to generate; max_tokens defaults to `default_max` (0: all the room).
 void fit_to_context(GenerationJob& job, std::optional<int64_t> requested, const char* param, int default_max,
                     const ServingContext& ctx) {
@@ -374,12 +386,7 @@ json parse_json_body(std::string_view body) {
 
 GenerationJob parse_chat_request(const json& body, const ServingContext& ctx) {
     RequestFields f(body);
-    GenerationJob job;
-    job.api = ApiKind::chat;
-    check_model(f, ctx, false);
-    parse_openai_sampling(f, ctx, job.params, job.priority);
-    parse_stream_options(f, job);
-    job.truncate_prompt_tokens = parse_truncation(f, ctx);
+    GenerationJob job = parse_openai_common(f, ApiKind::chat, ctx);
 
     const bool want_logprobs = f.boolean("logprobs").value_or(false);
     const auto top_logprobs = f.integer("top_logprobs", 0, ctx.max_logprobs);
@@ -432,12 +439,7 @@ GenerationJob parse_chat_request(const json& body, const ServingContext& ctx) {
 
 GenerationJob parse_completion_request(const json& body, const ServingContext& ctx) {
     RequestFields f(body);
-    GenerationJob job;
-    job.api = ApiKind::completion;
-    check_model(f, ctx, false);
-    parse_openai_sampling(f, ctx, job.params, job.priority);
-    parse_stream_options(f, job);
-    job.truncate_prompt_tokens = parse_truncation(f, ctx);
+    GenerationJob job = parse_openai_common(f, ApiKind::completion, ctx);
     if (auto logprobs = f.integer("logprobs", 0, ctx.max_logprobs)) job.params.logprobs = int(*logprobs);
     const bool echo = f.boolean("echo").value_or(false);
     if (echo && job.params.logprobs >= 0)

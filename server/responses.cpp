@@ -132,10 +132,20 @@ protected:
         return c;
     }
 
-    // Text the client sees vs. tool calls, through the choice's parser.
-    void split_tool_calls(Choice& c, const ChoiceDelta& d, std::string& content, std::vector<ParsedToolCall>& calls) {
-        c.tools.feed(d.text, content, calls);
-        if (finished_normally(d.finish)) c.tools.finish(content, calls);
+    // The delta's choice (account()), its text split by the choice's tool-call parser into what the
+    // client sees (content_) and the calls it completed (calls_); a non-streamed reply keeps both
+    // for its one body (the calls moved there).
+    Choice& split_delta(int index, const ChoiceDelta& d) {
+        Choice& c = account(index, d);
+        content_.clear();
+        calls_.clear();
+        c.tools.feed(d.text, content_, calls_);
+        if (finished_normally(d.finish)) c.tools.finish(content_, calls_);
+        if (!stream_) {
+            c.content += content_;
+            for (auto& call : calls_) c.calls.push_back(std::move(call));
+        }
+        return c;
     }
 
     std::string piece(int32_t id) const { return ctx_.text->decode(std::span<const int32_t>(&id, 1), false); }
@@ -184,6 +194,8 @@ protected:
     std::vector<std::string> stops_;
     std::vector<int> prompt_tokens_, cached_tokens_;
     std::vector<Choice> choices_;
+    std::string content_;                // split_delta's scratch, reused across deltas
+    std::vector<ParsedToolCall> calls_;  // split_delta's scratch
 };
 
 // ---- POST /v1/chat/completions --------------------------------------------------------------------
@@ -193,14 +205,9 @@ public:
     using WriterBase::WriterBase;
 
     void on_delta(int index, const ChoiceDelta& d, std::string& out) override {
-        Choice& c = account(index, d);
-        content_.clear();
-        calls_.clear();
-        split_tool_calls(c, d, content_, calls_);
+        Choice& c = split_delta(index, d);
         json logprobs = want_logprobs_ ? logprob_entries(d) : json();
         if (!stream_) {
-            c.content += content_;
-            for (auto& call : calls_) c.calls.push_back(std::move(call));
             if (want_logprobs_) c.logprobs.insert(c.logprobs.end(), logprobs.begin(), logprobs.end());
             return;
         }
@@ -323,8 +330,6 @@ private:
     }
 
     std::string chunk_prefix_;
-    std::string content_;                 // scratch, reused across deltas
-    std::vector<ParsedToolCall> calls_;   // scratch
 };
 
 // ---- POST /v1/completions -------------------------------------------------------------------------
@@ -444,15 +449,8 @@ public:
     using WriterBase::WriterBase;
 
     void on_delta(int index, const ChoiceDelta& d, std::string& out) override {
-        Choice& c = account(index, d);
-        content_.clear();
-        calls_.clear();
-        split_tool_calls(c, d, content_, calls_);
-        if (!stream_) {
-            c.content += content_;
-            for (auto& call : calls_) c.calls.push_back(std::move(call));
-            return;
-        }
+        Choice& c = split_delta(index, d);
+        if (!stream_) return;
         if (!c.started) {
             c.started = true;
             json message = message_shell();
@@ -556,8 +554,6 @@ private:
 
     bool text_block_open_ = false;
     int next_block_ = 0;
-    std::string content_;
-    std::vector<ParsedToolCall> calls_;
 };
 
 }  // namespace

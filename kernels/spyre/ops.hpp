@@ -130,24 +130,39 @@ inline void upload_f32(Device& dev, int64_t off, const float* table, int64_t n) 
 
 // ---- row-parallel kernels -------------------------------------------------------------------------
 
+// A core's share of `rows`, walked tile by tile: fn(first row, rows in the tile, the copy of the
+// double-buffered LX buffers this tile uses).
+template <class Plan, class Fn>
+void each_row_tile(Core& c, int64_t rows, const Plan& p, Fn&& fn) {
+    const RowRange r = rows_of_core(rows, p.cores, c.id());
+    int copy = 0;
+    for (int64_t t0 = r.begin; t0 < r.end; t0 += p.tile_rows, copy ^= 1) fn(t0, std::min(p.tile_rows, r.end - t0), copy);
+}
+
+// Rows of `src` picked by an index array in device memory, tile by tile into `out`: the embedding
+// lookup (token ids into the table) and the logit rows' gather (step rows into the hidden states)
+// are this one program; their plans name the index buffer and the row tile.
+template <class Plan>
+void gather_by_index(Device& dev, const Plan& p, int index_buf, int tile_buf, int64_t rows, const DevRegion& index,
+                     const DevRegion& src, const DevRegion& out) {
+    const int64_t rb = p.row.bytes();
+    dev.run(cores_for_rows(rows, p.cores), [&](Core& c) {
+        each_row_tile(c, rows, p, [&](int64_t t0, int64_t n, int copy) {
+            auto idx = c.buf<int32_t>(p, index_buf, copy);
+            auto tile = c.buf<uint16_t>(p, tile_buf, copy);
+            const int64_t at = c.load_index(idx, index, t0, n);
+            for (int64_t i = 0; i < n; ++i) c.load(tile, i * p.row.padded(), src, int64_t(idx.at(at + i)) * rb, rb);
+            c.store(out, t0 * rb, tile, 0, n * rb);
+        });
+    });
+}
+
 template <EmbedPlan P>
 void embed(Device& dev, const Step& s, int64_t vocab, int64_t table_off, int64_t out_off) {
     constexpr int64_t rb = P.row.bytes();
     const DevRegion table = dev.region(table_off, vocab * rb, "embedding table");
     const DevRegion out = dev.region(out_off, P.rows_max * rb, "embed output");
-    const int64_t rows = s.tokens;
-    dev.run(cores_for_rows(rows, P.cores), [&](Core& c) {
-        const RowRange r = rows_of_core(rows, P.cores, c.id());
-        int copy = 0;
-        for (int64_t t0 = r.begin; t0 < r.end; t0 += P.tile_rows, copy ^= 1) {
-            const int64_t n = std::min(P.tile_rows, r.end - t0);
-            auto ids = c.buf<int32_t>(P, EmbedPlan::ids, copy);
-            auto tile = c.buf<uint16_t>(P, EmbedPlan::out, copy);
-            const int64_t at = c.load_index(ids, s.ids, t0, n);
-            for (int64_t i = 0; i < n; ++i) c.load(tile, i * P.row.padded(), table, int64_t(ids.at(at + i)) * rb, rb);
-            c.store(out, t0 * rb, tile, 0, n * rb);
-        }
-    });
+    gather_by_index(dev, P, EmbedPlan::ids, EmbedPlan::out, s.tokens, s.ids, table, out);
 }
 
 template <NormPlan P>
@@ -157,13 +172,10 @@ void rmsnorm(Device& dev, int64_t rows, int64_t in_off, int64_t w_off, float eps
     const DevRegion wr = dev.region(w_off, gp * 2, "rmsnorm weight");
     const DevRegion out = dev.region(out_off, P.rows_max * rb, "rmsnorm output");
     dev.run(cores_for_rows(rows, P.cores), [&](Core& c) {
-        const RowRange r = rows_of_core(rows, P.cores, c.id());
         auto w = c.buf<uint16_t>(P, NormPlan::weight);
         c.load(w, 0, wr, 0, gp * 2);
         const uint16_t* wv = w.span(0, P.row.group);
-        int copy = 0;
-        for (int64_t t0 = r.begin; t0 < r.end; t0 += P.tile_rows, copy ^= 1) {
-            const int64_t n = std::min(P.tile_rows, r.end - t0);
+        each_row_tile(c, rows, P, [&](int64_t t0, int64_t n, int copy) {
             auto x = c.buf<uint16_t>(P, NormPlan::in, copy);
             auto y = c.buf<uint16_t>(P, NormPlan::out, copy);
             c.load(x, 0, in, t0 * rb, n * rb);
@@ -177,7 +189,7 @@ void rmsnorm(Device& dev, int64_t rows, int64_t in_off, int64_t w_off, float eps
                 for (int64_t e = P.row.group; e < gp; ++e) ys[e] = 0;
             }
             c.store(out, t0 * rb, y, 0, n * rb);
-        }
+        });
     });
 }
 
@@ -189,16 +201,13 @@ void rope(Device& dev, const Step& s, int64_t q_in, int64_t k_in, int64_t q_out,
     const DevRegion fr = dev.region(freq_off, stick_round(half * 4), "rope inverse frequencies");
     const int64_t rows = s.tokens;
     dev.run(cores_for_rows(rows, P.cores), [&](Core& c) {
-        const RowRange r = rows_of_core(rows, P.cores, c.id());
         auto freq = c.buf<float>(P, RopePlan::freq);
         c.load(freq, 0, fr, 0, stick_round(half * 4));
         const float* inv_freq = freq.span(0, half);
         auto cs = c.buf<float>(P, RopePlan::cs);
         float* cosv = cs.span(0, half);
         float* sinv = cs.span(half, half);
-        int copy = 0;
-        for (int64_t t0 = r.begin; t0 < r.end; t0 += P.tile_rows, copy ^= 1) {
-            const int64_t n = std::min(P.tile_rows, r.end - t0);
+        each_row_tile(c, rows, P, [&](int64_t t0, int64_t n, int copy) {
             auto pos = c.buf<int32_t>(P, RopePlan::pos, copy);
             auto q = c.buf<uint16_t>(P, RopePlan::q, copy);
             auto k = c.buf<uint16_t>(P, RopePlan::k, copy);
@@ -227,7 +236,7 @@ void rope(Device& dev, const Step& s, int64_t q_in, int64_t k_in, int64_t q_out,
             }
             c.store(qo, t0 * qb, q, 0, n * qb);
             c.store(ko, t0 * kb, k, 0, n * kb);
-        }
+        });
     });
 }
 
@@ -243,10 +252,7 @@ void eltwise(Device& dev, int64_t rows, int64_t a_off, int64_t b_off, int64_t ou
     const DevRegion br = P.inputs() == 2 ? dev.region(b_off, P.rows_max * rb, "elementwise b") : DevRegion{};
     const DevRegion out = dev.region(out_off, P.rows_max * ob, "elementwise out");
     dev.run(cores_for_rows(rows, P.cores), [&](Core& c) {
-        const RowRange r = rows_of_core(rows, P.cores, c.id());
-        int copy = 0;
-        for (int64_t t0 = r.begin; t0 < r.end; t0 += P.tile_rows, copy ^= 1) {
-            const int64_t n = std::min(P.tile_rows, r.end - t0);
+        each_row_tile(c, rows, P, [&](int64_t t0, int64_t n, int copy) {
             auto a = c.buf<uint16_t>(P, EltwisePlan::a, copy);
             auto y = c.buf<Out>(P, EltwisePlan::out, copy);
             c.load(a, 0, ar, t0 * rb, n * rb);
@@ -268,7 +274,7 @@ void eltwise(Device& dev, int64_t rows, int64_t a_off, int64_t b_off, int64_t ou
                     yv[i] = put(P.op == Eltwise::add ? h2f(av[i]) + h2f(bv[i]) : h2f(av[i]) * h2f(bv[i]));
             }
             c.store(out, t0 * ob, y, 0, n * ob);
-        }
+        });
     });
 }
 
@@ -277,19 +283,7 @@ void gather_rows(Device& dev, const Step& s, int64_t in_rows_max, int64_t in_off
     constexpr int64_t rb = P.row.bytes();
     const DevRegion in = dev.region(in_off, in_rows_max * rb, "gather input");
     const DevRegion out = dev.region(out_off, P.rows_max * rb, "gather output");
-    const int64_t rows = s.logits;
-    dev.run(cores_for_rows(rows, P.cores), [&](Core& c) {
-        const RowRange r = rows_of_core(rows, P.cores, c.id());
-        int copy = 0;
-        for (int64_t t0 = r.begin; t0 < r.end; t0 += P.tile_rows, copy ^= 1) {
-            const int64_t n = std::min(P.tile_rows, r.end - t0);
-            auto idx = c.buf<int32_t>(P, GatherPlan::idx, copy);
-            auto tile = c.buf<uint16_t>(P, GatherPlan::rows, copy);
-            const int64_t at = c.load_index(idx, s.logit_rows, t0, n);
-            for (int64_t i = 0; i < n; ++i) c.load(tile, i * P.row.padded(), in, int64_t(idx.at(at + i)) * rb, rb);
-            c.store(out, t0 * rb, tile, 0, n * rb);
-        }
-    });
+    gather_by_index(dev, P, GatherPlan::idx, GatherPlan::rows, s.logits, s.logit_rows, in, out);
 }
 
 // Paged KV cache, per block and layer: K [kv_heads][block_size][pad(head_dim)] then V, fp16.
@@ -299,10 +293,7 @@ void kv_append(Device& dev, const Step& s, int64_t k_off, int64_t v_off, int64_t
     const DevRegion kr = dev.region(k_off, P.rows_max * rb, "k"), vr = dev.region(v_off, P.rows_max * rb, "v");
     const int64_t rows = s.tokens;
     dev.run(cores_for_rows(rows, P.cores), [&](Core& c) {
-        const RowRange r = rows_of_core(rows, P.cores, c.id());
-        int copy = 0;
-        for (int64_t t0 = r.begin; t0 < r.end; t0 += P.tile_rows, copy ^= 1) {
-            const int64_t n = std::min(P.tile_rows, r.end - t0);
+        each_row_tile(c, rows, P, [&](int64_t t0, int64_t n, int copy) {
             auto slots = c.buf<int64_t>(P, KvAppendPlan::slots, copy);
             auto k = c.buf<uint16_t>(P, KvAppendPlan::k, copy);
             auto v = c.buf<uint16_t>(P, KvAppendPlan::v, copy);
@@ -317,7 +308,7 @@ void kv_append(Device& dev, const Step& s, int64_t k_off, int64_t v_off, int64_t
                     c.store(s.kv, block * s.kv_block_bytes + layer_v + row, v, (i * P.kv_heads + h) * dp, hb);
                 }
             }
-        }
+        });
     });
 }
 
@@ -597,10 +588,7 @@ void moe_combine(Device& dev, int64_t rows, int64_t top_off, int64_t y_off, int6
     const DevRegion res = P.residual ? dev.region(res_off, P.rows_max * rb, "moe residual") : DevRegion{};
     const DevRegion out = dev.region(out_off, P.rows_max * rb, "moe output");
     dev.run(cores_for_rows(rows, P.cores), [&](Core& c) {
-        const RowRange r = rows_of_core(rows, P.cores, c.id());
-        int copy = 0;
-        for (int64_t t0 = r.begin; t0 < r.end; t0 += P.tile_rows, copy ^= 1) {
-            const int64_t n = std::min(P.tile_rows, r.end - t0);
+        each_row_tile(c, rows, P, [&](int64_t t0, int64_t n, int copy) {
             auto tt = c.buf<int32_t>(P, MoeCombinePlan::top, copy);
             auto yt = c.buf<uint16_t>(P, MoeCombinePlan::y, copy);
             auto rt = c.buf<uint16_t>(P, MoeCombinePlan::res, copy);
@@ -625,7 +613,7 @@ void moe_combine(Device& dev, int64_t rows, int64_t top_off, int64_t y_off, int6
                 }
             }
             c.store(out, t0 * rb, ot, 0, n * rb);
-        }
+        });
     });
 }
 

@@ -479,21 +479,7 @@ void Tokenizer::decode_append(std::span<const int32_t> ids, bool skip_special_to
         bytes.clear();
         for (int32_t id : ids) {
             if (!keep(id)) continue;
-            const std::string_view t = d.tokens.get(id);
-            const size_t before = bytes.size();
-            bool all_mapped = true;
-            for (size_t i = 0; i < t.size();) {
-                const char32_t c = utf8::next(t, i);
-                if (c >= 512 || map.dec[c] < 0) {
-                    all_mapped = false;
-                    break;
-                }
-                bytes.push_back(static_cast<char>(map.dec[c]));
-            }
-            if (!all_mapped) {
-                bytes.resize(before);
-                bytes.append(t);
-            }
+            map.append_decoded(bytes, d.tokens.get(id));
         }
         utf8::append_lossy(out, bytes);
         return;

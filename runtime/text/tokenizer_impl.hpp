@@ -183,6 +183,10 @@ struct ByteLevelMap {
     uint8_t enc_len[256];
     int16_t dec[512];      // code point -> byte, -1 if not in the map (all code points are < 512)
     ByteLevelMap();
+
+    // Appends the bytes a ByteLevel token stands for; a token with a code point outside the map
+    // keeps its raw bytes (as tokenizers does).
+    void append_decoded(std::string& bytes, std::string_view token) const;
 };
 const ByteLevelMap& byte_level_map();
 

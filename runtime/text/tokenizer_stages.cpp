@@ -171,6 +171,19 @@ ByteLevelMap::ByteLevelMap() {
     }
 }
 
+void ByteLevelMap::append_decoded(std::string& bytes, std::string_view token) const {
+    const size_t before = bytes.size();
+    for (size_t i = 0; i < token.size();) {
+        const char32_t c = utf8::next(token, i);
+        if (c >= 512 || dec[c] < 0) {
+            bytes.resize(before);
+            bytes.append(token);
+            return;
+        }
+        bytes.push_back(static_cast<char>(dec[c]));
+    }
+}
+
 const ByteLevelMap& byte_level_map() {
     static const ByteLevelMap map;
     return map;
@@ -628,23 +641,7 @@ struct ByteLevelDecoder final : Decoder {
     void decode_chain(std::vector<std::string>& tokens) const override {
         const ByteLevelMap& map = byte_level_map();
         std::string bytes;
-        for (const auto& t : tokens) {
-            // A token with a character outside the map keeps its raw bytes (tokenizers does this).
-            const size_t before = bytes.size();
-            bool all_mapped = true;
-            for (size_t i = 0; i < t.size();) {
-                const char32_t c = utf8::next(t, i);
-                if (c >= 512 || map.dec[c] < 0) {
-                    all_mapped = false;
-                    break;
-                }
-                bytes.push_back(static_cast<char>(map.dec[c]));
-            }
-            if (!all_mapped) {
-                bytes.resize(before);
-                bytes += t;
-            }
-        }
+        for (const auto& t : tokens) map.append_decoded(bytes, t);
         tokens.clear();
         tokens.push_back(utf8::lossy(bytes));
     }
