@@ -27,6 +27,14 @@ std::vector<int> producers(const ir::Graph& g) {
     return prod;
 }
 
+// Removes the ops a fusion absorbed (dead[i]), keeping the others in order.
+void drop_ops(ir::Graph& g, const std::vector<bool>& dead) {
+    std::vector<ir::Op> kept;
+    for (size_t i = 0; i < g.ops.size(); ++i)
+        if (!dead[i]) kept.push_back(std::move(g.ops[i]));
+    g.ops = std::move(kept);
+}
+
 bool plain_linear(const ir::Op& op) { return op.kind == ir::OpKind::linear && op.weights[1] < 0 && op.residual < 0; }
 
 // silu(linear(x, Wg)) * linear(x, Wu)  ->  linear_swiglu(x, Wg, Wu): the gate and up rows are
@@ -61,10 +69,7 @@ int fuse_swiglu(ir::Graph& g) {
             break;
         }
     }
-    std::vector<ir::Op> kept;
-    for (size_t i = 0; i < g.ops.size(); ++i)
-        if (!dead[i]) kept.push_back(std::move(g.ops[i]));
-    g.ops = std::move(kept);
+    drop_ops(g, dead);
     return fused;
 }
 
@@ -93,10 +98,7 @@ int fuse_residual(ir::Graph& g) {
             break;
         }
     }
-    std::vector<ir::Op> kept;
-    for (size_t i = 0; i < g.ops.size(); ++i)
-        if (!dead[i]) kept.push_back(std::move(g.ops[i]));
-    g.ops = std::move(kept);
+    drop_ops(g, dead);
     return fused;
 }
 
