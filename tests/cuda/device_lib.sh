@@ -23,7 +23,7 @@
 #                                     SKIP launches of kernels matching KERNEL while CMD runs (its output
 #                                     in $OUT/ncu_run_KEY.txt; at most LIMIT s), "==== KEY rc=..." on
 #                                     stdout, then ncu_digest of the report;
-#   decode_line KEY                   the decode rows of `scr cuda-bench`'s log $OUT/KEY.txt on one
+#   decode_line KEY                   the decode rows of `scr cuda-bench`'s log $LOGS/KEY.txt on one
 #                                     line: "KEY | batch: tok/s (run ahead) ...";
 #   make_model_any KEY                make_model, or (a quantized-only scr cannot make a bf16
 #                                     checkpoint) the same random bf16 checkpoint made by transformers
@@ -45,7 +45,7 @@ device_begin() {
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 }
 decode_line() {
-    echo "$1 | $(grep -E '^decode batch +[0-9]+:' "$OUT/$1.txt" | sed -E 's/^decode batch +([0-9]+): ([0-9]+) tok\/s sampling on the GPU \(([0-9]+) run ahead\).*/\1: \2 (\3)/' | tr '\n' ' ')"
+    echo "$1 | $(grep -E '^decode batch +[0-9]+:' "$LOGS/$1.txt" | sed -E 's/^decode batch +([0-9]+): ([0-9]+) tok\/s sampling on the GPU \(([0-9]+) run ahead\).*/\1: \2 (\3)/' | tr '\n' ' ')"
 }
 device_unpack() {
     C=$2
