@@ -40,14 +40,15 @@ for carry in "$@"; do
         timeout 250 ncu --kernel-name-base mangled --kernel-name "regex:$ROWS" --launch-count "${LAUNCHES:-12}" $kill \
             --clock-control none --set full --import-source no -o "/tmp/scr-ncu-rows-$key" -f \
             "$C/scr_cuda_moe" --no-bench > "$LOGS/ncu_run_$key.txt" 2>&1
-        echo "==== $carry (ncu $kill): rc=$? ($((SECONDS - t0)) s); $(grep -c '^==PROF== Profiling' "$LOGS/ncu_run_$key.txt") launches" \
-            "profiled; $(grep -E 'all MoE expert checks passed|FAILED' "$LOGS/ncu_run_$key.txt" | head -1)"
+        echo "==== $carry (ncu $kill): rc=$? ($((SECONDS - t0)) s)" \
+            "$(grep -E 'all MoE expert checks passed|FAILED' "$LOGS/ncu_run_$key.txt" | head -1)"
         grep -q '^==PROF== Profiling' "$LOGS/ncu_run_$key.txt" && break
         grep -E '^==ERROR==|unrecognised|unknown option' "$LOGS/ncu_run_$key.txt" | head -3
     done
     [ -f "/tmp/scr-ncu-rows-$key.ncu-rep" ] || continue
     reps+=("$key")
     ncu -i "/tmp/scr-ncu-rows-$key.ncu-rep" --page raw --csv > "$OUT/raw_$key.csv" 2> "$LOGS/raw_$key.err"
+    echo "$carry: $(($(wc -l < "$OUT/raw_$key.csv") - 2)) launches in the report"  # a header and a units row
     for part in 'ILi2048ELi768E.*ELb1EEEv' 'ILi768ELi2048E.*ELb1EEEv'; do  # int8 gate / up, int8 down (the last argument)
         n=$([ "${part:3:4}" = 2048 ] && echo gateup || echo down)
         ncu -i "/tmp/scr-ncu-rows-$key.ncu-rep" --kernel-name-base mangled --kernel-name "regex:$part" --launch-count 1 \
