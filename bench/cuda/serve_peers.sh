@@ -30,6 +30,9 @@ if [ $# -ne 2 ] || [ ! -f "$1/bin.tar.xz" ] || [ ! -f "$2/bin.tar.xz" ]; then
     echo "usage: [OUT=DIR] [MODELS=...] [ROUNDS=N] [LEVELS=...] [LLAMA_VARIANTS=...] bash $0 SCR_CARRY LLAMA_CARRY (each a folder holding bin.tar.xz)" >&2
     exit 2
 fi
+for v in ${LLAMA_VARIANTS:-plain}; do
+    case $v in plain | gpu) ;; *) echo "LLAMA_VARIANTS: unknown variant '$v' (known: plain, gpu)" >&2; exit 2 ;; esac
+done
 . tests/cuda/device_lib.sh
 device_begin /tmp/scr-serve-peers
 device_unpack "$2" /tmp/scr-peers-lcpp

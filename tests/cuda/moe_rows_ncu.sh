@@ -18,29 +18,33 @@ set -u
 device_begin /tmp/scr-moe-rows-ncu
 export SCR_REQUIRE_GPU=1
 ROWS='moe_gemm_rows_kernelILi(2048ELi768ELi4ELb1ELi8ELi0ELi1|768ELi2048ELi4ELb0ELi1ELi2ELi1)ELb[01]E'
+# Each carry unpacked once: run r's binary in bins[r], its key (carry name and run) in keys[r].
+bins=()
+keys=()
+for carry in "$@"; do
+    keys+=("$(basename "$carry" | tr -c 'A-Za-z0-9' _)_$((${#keys[@]} + 1))")
+    device_unpack "$carry" "/tmp/scr-moe-rows-${keys[-1]}"
+    bins+=("$C/scr_cuda_moe")
+done
 if [ "${BENCH:-0}" = 1 ]; then
-    r=0
-    for carry in "$@"; do
-        key=$(basename "$carry" | tr -c 'A-Za-z0-9' _)_$((++r))
-        device_unpack "$carry" "/tmp/scr-moe-rows-$key"
-        step "bench_$key" 280 "$C/scr_cuda_moe"
-        echo "== $carry (run $r): ${summary[-1]}; $(grep -E 'all MoE expert checks passed|FAILED' "$LOGS/bench_$key.txt" | head -1)"
+    for i in "${!bins[@]}"; do
+        key=${keys[$i]}
+        step "bench_$key" 280 "${bins[$i]}"
+        echo "== $key: ${summary[-1]}; $(grep -E 'all MoE expert checks passed|FAILED' "$LOGS/bench_$key.txt" | head -1)"
         grep -A16 -E '^H2048 F768 E128 top8 int8.*uniform routing' "$LOGS/bench_$key.txt"
     done
 fi
 [ "${NCU:-1}" = 0 ] && { tar -C "$LOGS" -cJf "$OUT/logs.tar.xz" .; exit 0; }
 reps=()
-r=0
-for carry in "$@"; do
-    key=$(basename "$carry" | tr -c 'A-Za-z0-9' _)_$((++r))
-    device_unpack "$carry" "/tmp/scr-moe-rows-$key"
+for i in "${!bins[@]}"; do
+    key=${keys[$i]}
     # --kill on: the checks after the last profiled launch are not run (without it if ncu refuses it)
     for kill in "--kill on" ""; do
         t0=$SECONDS
         timeout 250 ncu --kernel-name-base mangled --kernel-name "regex:$ROWS" --launch-count "${LAUNCHES:-12}" $kill \
             --clock-control none --set full --import-source no -o "/tmp/scr-ncu-rows-$key" -f \
-            "$C/scr_cuda_moe" --no-bench > "$LOGS/ncu_run_$key.txt" 2>&1
-        echo "==== $carry (ncu $kill): rc=$? ($((SECONDS - t0)) s)" \
+            "${bins[$i]}" --no-bench > "$LOGS/ncu_run_$key.txt" 2>&1
+        echo "==== $key (ncu $kill): rc=$? ($((SECONDS - t0)) s)" \
             "$(grep -E 'all MoE expert checks passed|FAILED' "$LOGS/ncu_run_$key.txt" | head -1)"
         grep -q '^==PROF== Profiling' "$LOGS/ncu_run_$key.txt" && break
         grep -E '^==ERROR==|unrecognised|unknown option' "$LOGS/ncu_run_$key.txt" | head -3
@@ -48,7 +52,7 @@ for carry in "$@"; do
     [ -f "/tmp/scr-ncu-rows-$key.ncu-rep" ] || continue
     reps+=("$key")
     ncu -i "/tmp/scr-ncu-rows-$key.ncu-rep" --page raw --csv > "$OUT/raw_$key.csv" 2> "$LOGS/raw_$key.err"
-    echo "$carry: $(($(wc -l < "$OUT/raw_$key.csv") - 2)) launches in the report"  # a header and a units row
+    echo "$key: $(($(wc -l < "$OUT/raw_$key.csv") - 2)) launches in the report"  # a header and a units row
     for part in 'ILi2048ELi768E.*ELb1EEEv' 'ILi768ELi2048E.*ELb1EEEv'; do  # int8 gate / up, int8 down (the last argument)
         n=$([ "${part:3:4}" = 2048 ] && echo gateup || echo down)
         ncu -i "/tmp/scr-ncu-rows-$key.ncu-rep" --kernel-name-base mangled --kernel-name "regex:$part" --launch-count 1 \
@@ -78,7 +82,7 @@ if not cols:
 fixed = ["gpu__time_duration.sum", "launch__registers_per_thread", "launch__grid_size", "launch__occupancy_limit_registers",
          "sm__warps_active.avg.pct_of_peak_sustained_active", "smsp__issue_active.avg.pct_of_peak_sustained_active",
          "smsp__inst_executed.sum", "smsp__average_warp_latency_per_inst_issued.ratio",
-         "dram__throughput.avg.pct_of_peak_sustained_elapsed", "lts__t_sector_hit_rate.pct",
+         "dram__bytes_read.sum", "dram__bytes_read.sum.per_second", "lts__t_sector_hit_rate.pct",
          "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
          "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"]
 stall = sorted({m for c in cols for m in c if re.fullmatch(r"smsp__average_warps_issue_stalled_\w+_per_issue_active\.ratio", m)})
