@@ -27,7 +27,8 @@
 // (docs/CUDA.md, "Session 9: a persistent batch-1 decode kernel"). Its SCR_CUDA_DECODE1_TRACE=1
 // timings show why: each grid barrier costs ~3 us (fence, atomic, poll), four per layer, and the
 // slowest SM sets every phase's end; programmatic dependent launches overlap a kernel boundary
-// for less. The next step is dataflow waits (a counter per produced chunk) instead of barriers.
+// for less. SCR_CUDA_DECODE1_SYNC=flow runs the dataflow form (decode1_flow_kernel below: a counter
+// per produced segment of rows, each phase's input staged piece by piece as its rows land).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -78,6 +79,7 @@ struct Decode1Params {
     float* logits = nullptr;  // [VOCAB]
     unsigned* sync = nullptr;  // [64 + HQ] (d1::SyncWord), zero between launches
     bool sync_count = true;    // the grid barriers' form (d1::grid_sync; SCR_CUDA_DECODE1_SYNC)
+    int l2_ahead = 0;          // flow form: tiles past its ring each warp asks into L2 before the attention (SCR_CUDA_DECODE1_L2AHEAD)
     unsigned long long* trace = nullptr;  // SCR_CUDA_DECODE1_TRACE=1: per block, the time of each event (d1::Trace)
 };
 
@@ -173,7 +175,43 @@ struct Trace {
 
 // The sync buffer: barrier arrivals, blocks finished, the barrier's release word (its own 128-byte
 // line: the waiting blocks poll it, not the line the arrivals' atomics hit), per-head counters.
-enum SyncWord : int { kArrive = 0, kExit = 1, kRelease = 32, kHeads = 64 };
+// The dataflow form's counters start at kFlow, counter i at kFlow + kLine i (M::kCounters of them).
+enum SyncWord : int { kArrive = 0, kExit = 1, kRelease = 32, kHeads = 64, kFlow = 1024, kLine = 32 };
+
+// The dataflow form's spin waits give up after 10 s (a step takes milliseconds, ~100x that under
+// compute-sanitizer): a wait that never ends is a bug, and __trap() turns it into a launch error
+// the caller reports instead of a hung process.
+struct SpinGuard {
+    unsigned long long t0 = 0;
+    unsigned n = 0;
+    __device__ __forceinline__ static unsigned long long now() {
+        unsigned long long v;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
+        return v;
+    }
+    __device__ __forceinline__ void check() {
+        if ((++n & 1023u) != 0) return;
+        if (t0 == 0) t0 = now();
+        else if (now() - t0 > 10000000000ull) __trap();
+    }
+};
+
+// Waits until every lane's counter (nullptr: none) holds at least `target`: the warp's lanes poll
+// their counters at once, so n counters cost one L2 round trip per poll, not n.
+__device__ __forceinline__ void wait_counts(const unsigned* ctr, unsigned target) {
+    SpinGuard g;
+    for (;;) {
+        const bool ok = ctr == nullptr || ld_acquire(ctr) >= target;
+        if (__all_sync(0xffffffffu, ok)) break;
+        g.check();
+    }
+}
+
+// A produced row counted on its segment's counter, after the row's store (lane 0 stores and counts:
+// release at gpu scope orders the store before the count for any block that acquires it).
+__device__ __forceinline__ void count_row(unsigned* ctr, unsigned n = 1) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(ctr), "r"(n) : "memory");
+}
 
 // All blocks of the grid (one per SM, all resident) meet; writes before it are seen after it.
 // Two forms (SCR_CUDA_DECODE1_SYNC, for A/B):
@@ -243,6 +281,22 @@ struct Decode1 {
     static constexpr int kLastPhase = kPhasesPerLayer * L;  // the lm_head
     static constexpr int UNITS_LAYER = PQkv::NU + PO::NU + PGu::NU + PDn::NU;
     using Params = Decode1Params<L, ROT / 2>;
+
+    // The dataflow form (SCR_CUDA_DECODE1_SYNC=flow; d1::decode1_flow_kernel): a counter per
+    // produced segment of rows, cumulative over the layers (a segment of SEG rows is final in
+    // layer ly when its counter reaches (ly + 1) SEG). A segment is one consumer piece (the GEMV's K
+    // pieces), so a piece waits on as few counters as possible:
+    //   qkv rows: a segment per head (q heads, then k and v heads), read by that head's attention;
+    //   attn rows: a segment per query head (the merge adds D), read by o's pieces;
+    //   x1 (o + residual): gate / up's pieces; h (SwiGLU): down's pieces; x0 (down + residual): the
+    //   next layer's QKV pieces (the lm_head's pieces are whole numbers of them).
+    static constexpr int SEG_X1 = HID / PGu::KS, SEG_H = FFN / PDn::KS, SEG_X0 = HID / PQkv::KS;
+    static constexpr int C_QKV = 0, C_ATT = C_QKV + HQ + 2 * HKV, C_X1 = C_ATT + HQ, C_H = C_X1 + PGu::KS, C_X0 = C_H + PDn::KS;
+    static constexpr int kCounters = C_X0 + PQkv::KS;
+    static_assert(1024 + 32 * kCounters <= int(kDecode1SyncBytes / 4), "decode1 flow: the counters fit the sync buffer");
+    static_assert(NQKV % D == 0 && NQ % D == 0, "decode1 flow: head segments");
+    static_assert(PQkv::KS % PHead::KS == 0, "decode1 flow: an lm_head piece is whole x0 segments");
+    static_assert(NQ / PO::KS / D + 2 <= kWarp, "decode1 flow: an o piece's heads are polled by one warp");
 };
 
 
@@ -339,6 +393,31 @@ __device__ __forceinline__ void issue_tile(const typename M::Params& p, int kind
 #pragma unroll
     for (int s = 0; s < P::kNsrc; ++s)
         bulk_copy(smem_addr(slot + size_t(s) * kBytes), row_ptr<M>(p, kind, ly, unit * P::U, s) + size_t(t) * P::TILE_CH * 8, kBytes, bar);
+}
+
+// The loader's next `n` tiles (the ones its ring has no room for yet) asked into L2 (lane 0): a
+// warp about to idle (the attention) keeps HBM busy with the weights it streams next.
+template <class M>
+__device__ __forceinline__ void prefetch_ahead(const typename M::Params& p, Loader L, int n, int gw, int GW) {
+    for (int i = 0; i < n && L.q <= M::kLastPhase; ++i, loader_next<M>(L, gw, GW)) {
+        const int kind = L.q < M::kLastPhase ? L.q % M::kPhasesPerLayer : 4, ly = L.q / M::kPhasesPerLayer;
+        auto one = [&](auto phase) {
+            using P = decltype(phase);
+            constexpr uint32_t kBytes = P::TILE_CH * 16;
+            for (int s = 0; s < P::kNsrc; ++s)
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row_ptr<M>(p, kind, ly, L.unit * P::U, s) +
+                                                                              size_t(L.t) * P::TILE_CH * 8),
+                             "r"(kBytes)
+                             : "memory");
+        };
+        switch (kind) {
+            case 0: one(typename M::PQkv{}); break;
+            case 1: one(typename M::PO{}); break;
+            case 2: one(typename M::PGu{}); break;
+            case 3: one(typename M::PDn{}); break;
+            default: one(typename M::PHead{}); break;
+        }
+    }
 }
 
 // The loader (lane 0; the other lanes skip): the loader's tile, if any, into `slot`, and what it
@@ -440,23 +519,44 @@ __device__ __forceinline__ float norm_act(const XT* x, const float* w, float eps
     return 1.0f / sqrtf(ss / float(K) + eps);
 }
 
+// The dataflow form's view of a phase for its consumer warps (decode1_flow_kernel): the block's
+// stager warp stages the phase's input piece by piece into `act` and counts the pieces in `staged`
+// (cumulative over the step's phases: piece kp of this phase is there once staged > seq0 + kp); a
+// norm phase's per-piece sums of squares land in `red`. Rows are counted on `ctr` (nullptr: the
+// lm_head's, which nothing reads). `res0`: layer 0's o reads its residual from the embedding row.
+struct FlowIn {
+    const volatile unsigned* staged = nullptr;
+    unsigned seq0 = 0;
+    const float* red = nullptr;
+    float eps = 0.0f;
+    unsigned* ctr = nullptr;
+    int seg = 1;
+    const bf16_t* res0 = nullptr;
+};
+
 // Consumes this warp's tiles of phase q (kind KIND) from its ring: the GEMV's sums per row, then
 // the epilogue by lane 0. Each consumed slot is refilled at once with the loader's next tile.
-template <class M, class P, int KIND>
+// FLOW (decode1_flow_kernel): each piece of the input is waited for as the warp first reaches it,
+// a norm phase's 1 / rms is taken from the staged pieces' sums once a row is done (the same sum as
+// norm_act's), and each finished row is counted for its readers.
+template <class M, class P, int KIND, bool FLOW = false>
 __device__ __forceinline__ void consume(const typename M::Params& p, int q, Loader& ld, int gw, int GW, SlotInfo* info,
-                                        unsigned char* ring, uint32_t bars, unsigned& ci, const float* act, float inv) {
+                                        unsigned char* ring, uint32_t bars, unsigned& ci, const float* act, float inv,
+                                        const FlowIn& fl = FlowIn{}) {
     const int lane = threadIdx.x % kWarp;
     constexpr int NS = P::kNsrc;
     float part[NS], v[NS];
 #pragma unroll
     for (int s = 0; s < NS; ++s) part[s] = v[s] = 0.0f;
     float res = 0.0f;  // residual phases: x[row] of the unit's row `lane`, read ahead of its use
+    int have = 0;      // FLOW: pieces of this phase known staged
+    bool inv_known = !FLOW || KIND == 1 || KIND == 3;
     for (;;) {
         const int slot = int(ci % d1::kSlotsPerWarp);
         const SlotInfo si = info[slot];
         if (si.q != q) break;
         const int unit = si.unit, t = si.t;
-        if constexpr (KIND == 1 || KIND == 3) {
+        if constexpr (!FLOW && (KIND == 1 || KIND == 3)) {
             if (t == 0 && lane < P::U) res = __ldcg(p.x + unit * P::U + lane);
         }
         const uint32_t bar = bars + 8u * slot;
@@ -467,6 +567,24 @@ __device__ __forceinline__ void consume(const typename M::Params& p, int q, Load
             const int gf = t * P::FPT + f, pi = gf / P::FPP, sub = gf % P::FPP;
             const int kp = pi % P::KS;
             const int cbase = kp * P::PC + sub * P::FRAG;
+            if constexpr (FLOW) {
+                if (sub == 0 && kp >= have) {  // the piece's input: staged by the block's stager warp
+                    unsigned st;
+                    SpinGuard g;
+                    while ((st = *fl.staged) <= fl.seq0 + unsigned(kp)) g.check();
+                    __syncwarp();
+                    __threadfence_block();
+                    have = min(int(st - fl.seq0), P::KS);
+                }
+                if constexpr (KIND == 1 || KIND == 3) {
+                    // The residual row, read once the unit's first piece is in: every row of the
+                    // phase's input is final by then (each came from rows that read all of x).
+                    if (gf == 0 && lane < P::U) {
+                        const int r = unit * P::U + lane;
+                        res = fl.res0 ? to_f32(fl.res0[r]) : __ldcg(p.x + r);
+                    }
+                }
+            }
 #pragma unroll
             for (int j = 0; j < P::J; ++j) {
                 const int c = lane + j * kWarp;
@@ -495,6 +613,17 @@ __device__ __forceinline__ void consume(const typename M::Params& p, int q, Load
                     const int row = unit * P::U + pi / P::KS;
                     float r0 = 0.0f;
                     if constexpr (KIND == 1 || KIND == 3) r0 = __shfl_sync(0xffffffffu, res, pi / P::KS);
+                    if (!inv_known) {  // FLOW, a norm phase: every piece is staged once a row is done
+                        float ss;
+                        if constexpr (P::KS > 1) {
+                            ss = 0.0f;
+                            for (int s = 0; s < P::KS; ++s) ss += fl.red[s];
+                        } else {
+                            ss = fl.red[0];
+                        }
+                        inv = 1.0f / sqrtf(ss / float(P::kK) + fl.eps);
+                        inv_known = true;
+                    }
                     if (lane != 0) {
                     } else if constexpr (KIND == 0) {
                         p.qkv[row] = v[0] * inv;
@@ -504,6 +633,9 @@ __device__ __forceinline__ void consume(const typename M::Params& p, int q, Load
                         p.h[row] = silu(v[0] * inv) * (v[NS - 1] * inv);
                     } else {
                         p.logits[row] = v[0] * inv;
+                    }
+                    if constexpr (FLOW && KIND != 4) {
+                        if (lane == 0) count_row(fl.ctr + size_t(row / fl.seg) * kLine);
                     }
                 }
             }
@@ -519,7 +651,7 @@ __device__ __forceinline__ void consume(const typename M::Params& p, int q, Load
 // Pulls into L2 the K/V rows this block's attention items will read (written by earlier steps), a
 // phase ahead of the attention, so its key loop waits on L2 rather than HBM.
 template <class M>
-__device__ __forceinline__ void prefetch_kv(const typename M::Params& p, int ly) {
+__device__ __forceinline__ void prefetch_kv(const typename M::Params& p, int ly, int tid, int nthreads) {
     constexpr int D = M::kD, G = M::G, NWV = M::NWV, BS = M::kBS;
     constexpr int kRowBytes = BS * D * int(sizeof(typename M::KvT));
     const AttnToken tk = attn_token(p.st, 0, AttnExtras{});
@@ -530,7 +662,7 @@ __device__ __forceinline__ void prefetch_kv(const typename M::Params& p, int ly)
         const int g = (item / VS) / G, part = item % VS;
         const int lines = kRowBytes / 128;
         for (int vw = part * VPB; vw < min(NWV, (part + 1) * VPB); ++vw)
-            for (int i = threadIdx.x; i < ((nblocks - vw + NWV - 1) / NWV) * lines; i += blockDim.x) {
+            for (int i = tid; i < ((nblocks - vw + NWV - 1) / NWV) * lines; i += nthreads) {
                 const int blk = vw + (i / lines) * NWV;
                 if (blk >= nblocks) break;
                 const std::byte* base = p.kv + int64_t(tk.table[blk]) * p.block_bytes + size_t(g) * kRowBytes + (i % lines) * 128;
@@ -549,7 +681,9 @@ __device__ __forceinline__ void prefetch_kv(const typename M::Params& p, int ly)
 // bits, as the GS split does), reads it back, and writes its warps' (max, sum, weighted V) to
 // `part`; the head's block 0 waits for the others (a counter per head, not a grid barrier), then
 // merges all NWV in warp order exactly as merge_warps does.
-template <class M>
+// FLOW (decode1_flow_kernel): an item waits for its head's q rows and its group's k and v rows
+// (their counters) instead of a grid barrier, and the merged head is counted for o's pieces.
+template <class M, bool FLOW = false>
 __device__ __forceinline__ void attention(const typename M::Params& p, int ly, float* sm) {
     constexpr int D = M::kD, G = M::G, NWV = M::NWV, BS = M::kBS, ROT = M::kRot, kHalf = ROT / 2;
     constexpr int DPL = (D + kWarp - 1) / kWarp;
@@ -569,6 +703,13 @@ __device__ __forceinline__ void attention(const typename M::Params& p, int ly, f
     for (int item = blockIdx.x; item < M::kHq * VS; item += gridDim.x) {
         const int h = item / VS, part = item % VS;
         const int g = h / G;
+        if constexpr (FLOW) {
+            if (warp == 0) {
+                const int seg = lane == 0 ? h : lane == 1 ? M::kHq + g : M::kHq + M::NKV / D + g;
+                wait_counts(lane < 3 ? p.sync + kFlow + size_t(M::C_QKV + seg) * kLine : nullptr, unsigned(ly + 1) * D);
+            }
+            __syncthreads();
+        }
         for (int i = threadIdx.x; i < D; i += blockDim.x) {
             sq[i] = __ldcg(p.qkv + h * D + i);
             sk[i] = __ldcg(p.qkv + M::NQ + g * D + i);
@@ -704,6 +845,9 @@ __device__ __forceinline__ void attention(const typename M::Params& p, int ly, f
             }
         }
         __syncthreads();  // before the next item reuses the buffers
+        if constexpr (FLOW) {
+            if (part == 0 && threadIdx.x == 0) count_row(p.sync + kFlow + size_t(M::C_ATT + h) * kLine, D);
+        }
     }
 }
 
@@ -756,7 +900,7 @@ __global__ void __launch_bounds__(M::NW * kWarp, 1) decode1_kernel(const __grid_
         }
         __syncthreads();
         tr.mark();
-        prefetch_kv<M>(p, ly);
+        prefetch_kv<M>(p, ly, threadIdx.x, blockDim.x);
         consume<M, typename M::PQkv, 0>(p, q, ld, gw, GW, info, ring, bars, ci, act, inv);
         grid_sync(p.sync, passed, tr, p.sync_count);
         attention<M>(p, ly, act);
@@ -794,6 +938,220 @@ __global__ void __launch_bounds__(M::NW * kWarp, 1) decode1_kernel(const __grid_
     }
 }
 
+// ---- The dataflow form (SCR_CUDA_DECODE1_SYNC=flow) ----
+// decode1_kernel's grid barriers replaced by counters: every produced row is counted on its
+// segment's counter (Decode1::C_*), and a phase's input is staged piece by piece (the GEMV's K
+// pieces) as the counters of that piece's rows fill, so a warp starts multiplying piece 0 while
+// the slowest SMs still write the last rows of the piece the phase ends with, and no block waits
+// for every other block. The block's last warp is its stager: for each phase in order it waits
+// until the block's consumer warps are done with the previous phase's input (one act buffer), then
+// for each piece polls that piece's counters, stages it into shared memory (x * w and the piece's
+// sum of squares for a norm phase, as norm_act computes them) and publishes it on a shared-memory
+// word the consumer warps poll. The other warps stream and multiply their tiles as before
+// (consume<..., FLOW>). The attention stays block-wide, its items waiting on their head's
+// counters. Same bits as decode1_kernel (and so as the launches): the same sums in the same order.
+//
+// Why no buffer is overwritten early, with x rewritten in place by o and down: any row of a phase
+// needs all of that phase's input, so (e.g.) once any o row is written every qkv row is, and every
+// qkv row needed every piece of x staged by its block; the same chain covers h, attn, qkv and the
+// attention's partials from layer to layer.
+
+// Stages piece kp of a phase's input (rows [kp PC 8, (kp + 1) PC 8) of x) into act, as x * w with
+// the piece's sum of squares in red[kp] (NORM: norm_act's lane-strided chunks in order and its
+// butterfly), or as x. One warp; at most B chunks per lane loaded before they are stored.
+template <class P, bool NORM, typename XT>
+__device__ __forceinline__ void stage_piece(const XT* x, const float* w, int kp, float* act, float* red, int lane) {
+    constexpr int PER = (P::PC + kWarp - 1) / kWarp, B = NORM ? 4 : 8;
+    float ss = 0.0f;
+#pragma unroll
+    for (int j0 = 0; j0 < PER; j0 += B) {
+        float xv[B][8], wv[B][8];
+#pragma unroll
+        for (int j = 0; j < B; ++j) {
+            const int i = lane + (j0 + j) * kWarp;
+            if (j0 + j >= PER || i >= P::PC) continue;
+            const int c = kp * P::PC + i;
+            if constexpr (std::is_same_v<XT, float>) {
+                const float4 a = __ldcg(reinterpret_cast<const float4*>(x) + 2 * c);
+                const float4 b = __ldcg(reinterpret_cast<const float4*>(x) + 2 * c + 1);
+                xv[j][0] = a.x; xv[j][1] = a.y; xv[j][2] = a.z; xv[j][3] = a.w;
+                xv[j][4] = b.x; xv[j][5] = b.y; xv[j][6] = b.z; xv[j][7] = b.w;
+            } else {
+                Vec16<XT>::unpack(*reinterpret_cast<const uint4*>(x + size_t(c) * 8), xv[j]);
+            }
+            if constexpr (NORM) {
+                const float4 a = __ldg(reinterpret_cast<const float4*>(w) + 2 * c);
+                const float4 b = __ldg(reinterpret_cast<const float4*>(w) + 2 * c + 1);
+                wv[j][0] = a.x; wv[j][1] = a.y; wv[j][2] = a.z; wv[j][3] = a.w;
+                wv[j][4] = b.x; wv[j][5] = b.y; wv[j][6] = b.z; wv[j][7] = b.w;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < B; ++j) {
+            const int i = lane + (j0 + j) * kWarp;
+            if (j0 + j >= PER || i >= P::PC) continue;
+            const int c = kp * P::PC + i;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                act[c * 8 + e] = NORM ? xv[j][e] * wv[j][e] : xv[j][e];
+                if constexpr (NORM) ss += xv[j][e] * xv[j][e];
+            }
+        }
+    }
+    if constexpr (NORM) {
+        ss = warp_sum(ss);
+        if (lane == 0) red[kp] = ss;
+    }
+}
+
+// The stager's side of one phase: wait for the block's consumers to leave the previous phase,
+// then each piece: its counters (range(kp) = {first, n}: lane i < n polls counter first + i; ctr
+// nullptr: none), staged, published.
+template <class P, bool NORM, typename XT, class Range>
+__device__ __forceinline__ void stager_phase(const XT* x, const float* w, float* act, float* red, volatile unsigned* staged,
+                                             unsigned& seq, const volatile unsigned* done, unsigned done_target, const unsigned* ctr,
+                                             unsigned target, Range range, int lane) {
+    SpinGuard g;
+    while (*done < done_target) g.check();
+    __syncwarp();
+    __threadfence_block();
+    for (int kp = 0; kp < P::KS; ++kp) {
+        if (ctr) {
+            const int2 r = range(kp);
+            wait_counts(lane < r.y ? ctr + size_t(r.x + lane) * kLine : nullptr, target);
+        }
+        stage_piece<P, NORM>(x, w, kp, act, red, lane);
+        __threadfence_block();
+        __syncwarp();
+        ++seq;
+        if (lane == 0) *staged = seq;
+    }
+}
+
+template <class M>
+__global__ void __launch_bounds__(M::NW * kWarp, 1) decode1_flow_kernel(const __grid_constant__ typename M::Params p) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ float red[8];
+    __shared__ unsigned s_staged, s_done;
+    constexpr int NWC = M::NW - 1;  // consumer warps; warp NWC is the stager
+    constexpr int D = M::kD;
+    float* act = reinterpret_cast<float*>(smem);
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    const bool stager = warp == NWC;
+    unsigned char* ring = smem + M::ACT_BYTES + size_t(warp) * M::RING_WARP;
+    unsigned* const ctr = p.sync + kFlow;
+    volatile unsigned* const staged = &s_staged;
+    volatile unsigned* const done = &s_done;
+    if (threadIdx.x == 0) s_staged = s_done = 0;
+
+    __shared__ __align__(8) unsigned long long mbar[M::NW][kSlotsPerWarp];
+    __shared__ SlotInfo slot_info[M::NW][kSlotsPerWarp];
+    SlotInfo* info = &slot_info[warp][0];
+    const int GW = int(gridDim.x) * NWC, gw = int(blockIdx.x) * NWC + warp;
+    const uint32_t bars = smem_addr(&mbar[warp][0]);
+    Loader ld;
+    if (!stager) {
+        if (lane == 0)
+            for (int s = 0; s < kSlotsPerWarp; ++s) mbar_init(bars + 8u * s);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        __syncwarp();
+        loader_enter<M>(ld, 0, gw, GW);
+        for (int s = 0; s < kSlotsPerWarp; ++s) {
+            loader_next<M>(ld, gw, GW);
+            issue<M>(p, ld, ring + size_t(s) * kSlotBytes, bars + 8u * s, info + s, lane);
+        }
+        loader_next<M>(ld, gw, GW);
+        __syncwarp();
+    }
+    __syncthreads();  // s_staged / s_done initialized
+    pdl_wait();
+    unsigned ci = 0, seq = 0;
+    Trace tr{p.trace};
+    tr.mark();
+    const int32_t token = p.st.token_ids[0];
+    const bf16_t* erow = p.embed + size_t(token) * M::kHid;
+    auto leave = [&] {  // a consumer warp is done reading this phase's input
+        __syncwarp();
+        if (lane == 0) {
+            __threadfence_block();
+            atomicAdd(&s_done, 1u);
+        }
+    };
+    auto one = [](int kp) { return make_int2(kp, 1); };  // a piece is one segment
+    for (int ly = 0; ly < M::kL; ++ly) {
+        const Decode1Layer& w = p.layer[ly];
+        const int q = ly * M::kPhasesPerLayer;
+        const unsigned ph = unsigned(q) * NWC;  // consumer exits before this layer's QKV phase
+        if (stager) {
+            if (ly == 0)
+                stager_phase<typename M::PQkv, true>(erow, w.ln_attn, act, red, staged, seq, done, ph, nullptr, 0u, one, lane);
+            else
+                stager_phase<typename M::PQkv, true>(p.x, w.ln_attn, act, red, staged, seq, done, ph, ctr + size_t(M::C_X0) * kLine,
+                                                     unsigned(ly) * M::SEG_X0, one, lane);
+            prefetch_kv<M>(p, ly, lane, kWarp);
+        } else {
+            FlowIn fl{staged, seq, red, p.eps, ctr + size_t(M::C_QKV) * kLine, D, nullptr};
+            consume<M, typename M::PQkv, 0, true>(p, q, ld, gw, GW, info, ring, bars, ci, act, 0.0f, fl);
+            seq += M::PQkv::KS;
+            leave();
+        }
+        if (!stager && lane == 0 && p.l2_ahead > 0) prefetch_ahead<M>(p, ld, p.l2_ahead, gw, GW);
+        __syncthreads();  // act is the attention's scratch now
+        tr.mark();
+        attention<M, true>(p, ly, act);
+        tr.mark();
+        if (stager) {
+            constexpr int FPP = M::NQ / M::PO::KS;  // attn floats per o piece: the heads it overlaps
+            auto heads = [](int kp) { return make_int2(kp * FPP / D, ((kp + 1) * FPP - 1) / D - kp * FPP / D + 1); };
+            stager_phase<typename M::PO, false>(p.attn, static_cast<const float*>(nullptr), act, red, staged, seq, done, ph + NWC,
+                                                ctr + size_t(M::C_ATT) * kLine, unsigned(ly + 1) * D, heads, lane);
+        } else {
+            FlowIn fl{staged, seq, red, 0.0f, ctr + size_t(M::C_X1) * kLine, M::SEG_X1, ly == 0 ? erow : nullptr};
+            consume<M, typename M::PO, 1, true>(p, q + 1, ld, gw, GW, info, ring, bars, ci, act, 1.0f, fl);
+            seq += M::PO::KS;
+            leave();
+            tr.mark();
+        }
+        if (stager) {
+            stager_phase<typename M::PGu, true>(p.x, w.ln_mlp, act, red, staged, seq, done, ph + 2 * NWC, ctr + size_t(M::C_X1) * kLine,
+                                                unsigned(ly + 1) * M::SEG_X1, one, lane);
+            stager_phase<typename M::PDn, false>(p.h, static_cast<const float*>(nullptr), act, red, staged, seq, done, ph + 3 * NWC,
+                                                 ctr + size_t(M::C_H) * kLine, unsigned(ly + 1) * M::SEG_H, one, lane);
+        } else {
+            FlowIn fg{staged, seq, red, p.eps, ctr + size_t(M::C_H) * kLine, M::SEG_H, nullptr};
+            consume<M, typename M::PGu, 2, true>(p, q + 2, ld, gw, GW, info, ring, bars, ci, act, 0.0f, fg);
+            seq += M::PGu::KS;
+            leave();
+            tr.mark();
+            FlowIn fd{staged, seq, red, 0.0f, ctr + size_t(M::C_X0) * kLine, M::SEG_X0, nullptr};
+            consume<M, typename M::PDn, 3, true>(p, q + 3, ld, gw, GW, info, ring, bars, ci, act, 1.0f, fd);
+            seq += M::PDn::KS;
+            leave();
+            tr.mark();
+        }
+    }
+    constexpr int R = M::PQkv::KS / M::PHead::KS;  // x0 segments per lm_head piece
+    if (stager) {
+        stager_phase<typename M::PHead, true>(p.x, p.final_norm, act, red, staged, seq, done, unsigned(M::kLastPhase) * NWC,
+                                              ctr + size_t(M::C_X0) * kLine, unsigned(M::kL) * M::SEG_X0,
+                                              [](int kp) { return make_int2(kp * R, R); }, lane);
+    } else {
+        FlowIn fl{staged, seq, red, p.eps_final, nullptr, 1, nullptr};
+        consume<M, typename M::PHead, 4, true>(p, M::kLastPhase, ld, gw, GW, info, ring, bars, ci, act, 0.0f, fl);
+    }
+    __syncthreads();
+    tr.mark();
+    // The last block out zeroes the counters for the next launch (every block is past every wait).
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(p.sync + kExit, 1u) == gridDim.x - 1) {
+            for (int i = 0; i < kHeads + M::kHq; ++i) p.sync[i] = 0;
+            for (int i = 0; i < M::kCounters; ++i) ctr[size_t(i) * kLine] = 0;
+            __threadfence();
+        }
+    }
+}
+
 }  // namespace d1
 
 // Off by default: measured slower than the launch-per-op step on the H200 (docs/CUDA.md, "Session
@@ -823,8 +1181,11 @@ struct TraceBuf {
         if (cudaDeviceSynchronize() != cudaSuccess ||
             cudaMemcpy(h.data(), b.dev, h.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess)
             return;
-        static const char* names[] = {"qkv act", "qkv tiles", "barrier", "attention", "barrier", "o act", "o tiles", "barrier",
-                                      "gate/up act", "gate/up tiles", "barrier", "down act", "down tiles", "barrier"};
+        static const char* barrier_names[] = {"qkv act", "qkv tiles", "barrier", "attention", "barrier", "o act", "o tiles", "barrier",
+                                              "gate/up act", "gate/up tiles", "barrier", "down act", "down tiles", "barrier"};
+        // The dataflow form (warp 0's view): each phase's end, its waits included.
+        static const char* flow_names[] = {"qkv", "attention", "o", "gate/up", "down"};
+        const char* const* names = b.per_layer == 5 ? flow_names : barrier_names;
         std::fprintf(stderr, "decode1 trace (last launch, %d blocks; us per layer, mean / max over blocks):\n", b.blocks);
         double total = 0;
         for (int e = 0; e < b.per_layer; ++e) {
@@ -843,13 +1204,17 @@ struct TraceBuf {
             mean /= double(b.layers) * b.blocks;
             mx /= b.layers;
             total += mean;
-            std::fprintf(stderr, "  %-14s %8.2f %8.2f\n", names[e % 14], mean, mx);
+            std::fprintf(stderr, "  %-14s %8.2f %8.2f\n", names[e], mean, mx);
         }
         const unsigned long long* t0 = h.data();
         const int end = 1 + b.layers * b.per_layer;
-        std::fprintf(stderr, "  layers %.1f us (sum of means %.1f per layer); lm_head act %.1f, tiles %.1f us\n",
-                     double(t0[end - 1] - t0[0]) / 1000.0, total, double(t0[end] - t0[end - 1]) / 1000.0,
-                     double(t0[end + 1] - t0[end]) / 1000.0);
+        if (b.per_layer == 5)  // flow: one event after the lm_head
+            std::fprintf(stderr, "  layers %.1f us (sum of means %.1f per layer); lm_head %.1f us\n", double(t0[end - 1] - t0[0]) / 1000.0,
+                         total, double(t0[end] - t0[end - 1]) / 1000.0);
+        else
+            std::fprintf(stderr, "  layers %.1f us (sum of means %.1f per layer); lm_head act %.1f, tiles %.1f us\n",
+                         double(t0[end - 1] - t0[0]) / 1000.0, total, double(t0[end] - t0[end - 1]) / 1000.0,
+                         double(t0[end + 1] - t0[end]) / 1000.0);
     }
 };
 }  // namespace d1
@@ -864,11 +1229,12 @@ bool decode1(const Ctx& c, const typename M::Params& p) {
         int dev = 0, sms = 0, per_sm = 0;
         if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
             return 0;
-        if (cudaFuncSetAttribute(d1::decode1_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize, M::SMEM) != cudaSuccess)
-            return 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, d1::decode1_kernel<M>, M::NW * kWarp, M::SMEM) != cudaSuccess ||
-            per_sm < 1)
-            return 0;
+        for (auto kernel : {d1::decode1_kernel<M>, d1::decode1_flow_kernel<M>}) {
+            if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, M::SMEM) != cudaSuccess)
+                return 0;
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, M::NW * kWarp, M::SMEM) != cudaSuccess || per_sm < 1)
+                return 0;
+        }
         // One block per SM: all resident at once, as the grid barriers need. SCR_CUDA_DECODE1_BLOCKS
         // (A/B runs) takes fewer, e.g. 128 on a 132-SM GPU: with 2,048 warps each of the 8B's phases
         // and the 1B's gate / up and down give every warp the same number of units (same bits: a
@@ -882,21 +1248,28 @@ bool decode1(const Ctx& c, const typename M::Params& p) {
         return false;
     }
     static const bool trace = env_flag_switch("SCR_CUDA_DECODE1_TRACE", false);
-    static const bool count = env_choice_switch("SCR_CUDA_DECODE1_SYNC", true, {{"count", true}, {"publish", false}}, "count");
+    using Sync = Decode1Sync;
+    static const Sync env_sync =
+        env_choice_switch("SCR_CUDA_DECODE1_SYNC", Sync::count, {{"count", Sync::count}, {"publish", Sync::publish}, {"flow", Sync::flow}}, "count");
+    const Sync sync = decode1_sync_override() >= 0 ? Sync(decode1_sync_override()) : env_sync;
+    static const int l2_ahead = int(env_int_switch(
+        "SCR_CUDA_DECODE1_L2AHEAD", 0, [](long long n) { return n >= 0 && n <= 64; }, "a tile count 0-64"));
     typename M::Params q = p;
-    q.sync_count = count;
+    q.sync_count = sync != Sync::publish;
+    q.l2_ahead = l2_ahead;
     if (trace) {
         d1::TraceBuf& b = d1::TraceBuf::get();
         if (!b.dev) {
             if (cudaMalloc(&b.dev, size_t(blocks) * d1::Trace::kMax * 8) != cudaSuccess) return false;
             b.blocks = blocks;
-            b.per_layer = 14;
+            b.per_layer = sync == Sync::flow ? 5 : 14;
             b.layers = M::kL;
             std::atexit(d1::TraceBuf::report);
         }
         q.trace = b.dev;
     }
-    launch_smem(c, d1::decode1_kernel<M>, dim3(blocks), dim3(M::NW * kWarp), M::SMEM, q);
+    launch_smem(c, sync == Sync::flow ? d1::decode1_flow_kernel<M> : d1::decode1_kernel<M>, dim3(blocks), dim3(M::NW * kWarp), M::SMEM,
+                q);
     return true;
 }
 

@@ -4,6 +4,7 @@
 // Plain C++ (no device code): the runtime includes it too.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
@@ -85,9 +86,19 @@ inline int& attention_part_blocks_override() {
     return v;
 }
 
+// Bytes of the persistent decode kernel's sync buffer (kernels/cuda/decode1.cuh: d1::SyncWord; the
+// dataflow form's counters each on their own 128-byte line), zero between launches.
+constexpr size_t kDecode1SyncBytes = 64 * 1024;
+
 // Batch-1 decode as one persistent kernel (kernels/cuda/decode1.cuh): -1: SCR_CUDA_DECODE1 decides
 // (off unless 1), 0: the launch-per-op step, 1: the persistent kernel where the model has one. For tests.
 inline int& decode1_override() {
+    static int v = -1;
+    return v;
+}
+// ... and the form of its waits: -1: SCR_CUDA_DECODE1_SYNC decides, else a Decode1Sync. For tests.
+enum class Decode1Sync { count, publish, flow };
+inline int& decode1_sync_override() {
     static int v = -1;
     return v;
 }

@@ -213,8 +213,8 @@ CudaGeneratedModel::CudaGeneratedModel(const ModelInfo& info, const WeightSet& w
         SCR_CUDA(cudaMemsetAsync(m.qwide_ws, 0, size_t(quant_wide_workspace_bytes), m.stream));
         m.qwide_ws_bytes = quant_wide_workspace_bytes;
     }
-    SCR_CUDA(cudaMalloc(&m.sync, 4096));
-    SCR_CUDA(cudaMemset(m.sync, 0, 4096));
+    SCR_CUDA(cudaMalloc(&m.sync, kernels::cuda::kDecode1SyncBytes));
+    SCR_CUDA(cudaMemset(m.sync, 0, kernels::cuda::kDecode1SyncBytes));
     dev_sync_ = static_cast<unsigned*>(m.sync);
     const size_t logit_bytes = size_t(info.max_logit_rows) * size_t(info.vocab_size) * 4;
     SCR_CUDA(cudaMalloc(reinterpret_cast<void**>(&m.logits_dev), logit_bytes));

@@ -73,8 +73,8 @@ protected:
     float* dev_scratch() const { return dev_scratch_; }
     float* dev_logits() const { return dev_logits_; }
     float* dev_moe_workspace() const { return dev_moe_ws_; }
-    // Two counters, zero between launches, for the persistent decode kernel's grid barriers
-    // (kernels/cuda/decode1.cuh).
+    // The persistent decode kernel's counters (kernels/cuda/decode1.cuh; kDecode1SyncBytes), zero
+    // between launches.
     unsigned* dev_sync() const { return dev_sync_; }
 
 private:

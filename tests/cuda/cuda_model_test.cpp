@@ -372,6 +372,7 @@ TEST(CudaGraphs, DecodeGraphsCapturedAgainAfterTheScratchGrows) {
 // the same logits, bit for bit, for a 1-token prompt and 24 greedy decode steps of a longer one
 // (graphs captured for each), on the bf16 Llama fixture (the kernel's sums are the GEMV's and its
 // attention rope_attention_kernel's). Each run loads the model afresh, so each captures its own graph.
+// Every form of the kernel's waits: the grid barriers (count, publish) and the dataflow counters.
 TEST(CudaDecode1, KeepsTheBits) {
     REQUIRE_GPU();
     auto run = [](int mode) {
@@ -395,11 +396,17 @@ TEST(CudaDecode1, KeepsTheBits) {
         kernels::cuda::decode1_override() = -1;
         return all;
     };
-    const std::vector<float> launches = run(0), persistent = run(1);
-    ASSERT_EQ(launches.size(), persistent.size());
-    size_t differ = 0;
-    for (size_t i = 0; i < launches.size(); ++i) differ += std::memcmp(&launches[i], &persistent[i], sizeof(float)) != 0;
-    EXPECT_EQ(differ, 0u) << differ << " of " << launches.size() << " logits differ";
+    const std::vector<float> launches = run(0);
+    using kernels::cuda::Decode1Sync;
+    for (const auto& [sync, name] : {std::pair{Decode1Sync::count, "count"}, {Decode1Sync::publish, "publish"}, {Decode1Sync::flow, "flow"}}) {
+        kernels::cuda::decode1_sync_override() = int(sync);
+        const std::vector<float> persistent = run(1);
+        kernels::cuda::decode1_sync_override() = -1;
+        ASSERT_EQ(launches.size(), persistent.size()) << name;
+        size_t differ = 0;
+        for (size_t i = 0; i < launches.size(); ++i) differ += std::memcmp(&launches[i], &persistent[i], sizeof(float)) != 0;
+        EXPECT_EQ(differ, 0u) << differ << " of " << launches.size() << " logits differ (" << name << ")";
+    }
 }
 
 // The engine (chunked prefill mixing with decodes, eager; then decode-only steps, graphs) against

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Variants of the persistent batch-1 decode kernel (kernels/cuda/decode1.cuh) against each other and
 # the launch-per-op step, one call on the GPU machine (issue #6):
-#   OUT=$OUT [MODELS="1b 8b"] [ROUNDS=2] [VARIANTS="A B ..."] bash tests/cuda/decode1_ab.sh CARRY_DIR
+#   OUT=$OUT [MODELS="1b 8b"] [ROUNDS=2] [VARIANTS="A B ..."] [GTEST=0] bash tests/cuda/decode1_ab.sh CARRY_DIR
 # CARRY_DIR/bin.tar.xz (tests/cuda/pack_carry.sh): scr of a CUDA build holding llama-3.2-1b /
 # llama-3.1-8b (bf16) and scr_cuda_tests of the same build (the tiny fixtures, f32 and bf16).
 # A variant is NAME=VALUE[+NAME=VALUE...] added to SCR_CUDA_DECODE1=1 (`plain`: nothing added).
@@ -19,7 +19,7 @@ S=$C
 VARIANTS=${VARIANTS:-plain}
 envs() { [ "$1" = plain ] && echo SCR_CUDA_DECODE1=1 || echo "SCR_CUDA_DECODE1=1 ${1//+/ }"; }
 key() { printf %s "${1//SCR_CUDA_DECODE1_/}" | tr -c 'A-Za-z0-9' _; }
-for v in $VARIANTS; do
+for v in $([ "${GTEST:-1}" = 0 ] || echo $VARIANTS); do  # GTEST=0: none (CudaDecode1.KeepsTheBits checks every sync form itself)
     k=$(key "$v")
     step "gtest_$k" 200 env SCR_REQUIRE_GPU=1 $(envs "$v") $C/scr_cuda_tests --gtest_filter='CudaDecode1.*'
     echo "== $v: $(grep -hE '^\[  (PASSED|FAILED) ' "$LOGS/gtest_$k.txt" | tr '\n' ' ')"
