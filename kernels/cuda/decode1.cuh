@@ -205,6 +205,7 @@ __device__ __forceinline__ void wait_counts(const unsigned* ctr, unsigned target
         if (__all_sync(0xffffffffu, ok)) break;
         g.check();
     }
+    __syncwarp();  // the lanes' acquires ordered before every lane's reads after this
 }
 
 // A produced row counted on its segment's counter, after the row's store (lane 0 stores and counts:
@@ -550,7 +551,7 @@ __device__ __forceinline__ void consume(const typename M::Params& p, int q, Load
     for (int s = 0; s < NS; ++s) part[s] = v[s] = 0.0f;
     float res = 0.0f;  // residual phases: x[row] of the unit's row `lane`, read ahead of its use
     int have = 0;      // FLOW: pieces of this phase known staged
-    bool inv_known = !FLOW || KIND == 1 || KIND == 3;
+    bool inv_known = false;  // FLOW, a norm phase: whether inv is taken from the staged sums yet
     for (;;) {
         const int slot = int(ci % d1::kSlotsPerWarp);
         const SlotInfo si = info[slot];
@@ -613,16 +614,18 @@ __device__ __forceinline__ void consume(const typename M::Params& p, int q, Load
                     const int row = unit * P::U + pi / P::KS;
                     float r0 = 0.0f;
                     if constexpr (KIND == 1 || KIND == 3) r0 = __shfl_sync(0xffffffffu, res, pi / P::KS);
-                    if (!inv_known) {  // FLOW, a norm phase: every piece is staged once a row is done
-                        float ss;
-                        if constexpr (P::KS > 1) {
-                            ss = 0.0f;
-                            for (int s = 0; s < P::KS; ++s) ss += fl.red[s];
-                        } else {
-                            ss = fl.red[0];
+                    if constexpr (FLOW && KIND != 1 && KIND != 3) {
+                        if (!inv_known) {  // a norm phase: every piece is staged once a row is done
+                            float ss;
+                            if constexpr (P::KS > 1) {
+                                ss = 0.0f;
+                                for (int s = 0; s < P::KS; ++s) ss += fl.red[s];
+                            } else {
+                                ss = fl.red[0];
+                            }
+                            inv = 1.0f / sqrtf(ss / float(P::kK) + fl.eps);
+                            inv_known = true;
                         }
-                        inv = 1.0f / sqrtf(ss / float(P::kK) + fl.eps);
-                        inv_known = true;
                     }
                     if (lane != 0) {
                     } else if constexpr (KIND == 0) {
@@ -1004,9 +1007,63 @@ __device__ __forceinline__ void stage_piece(const XT* x, const float* w, int kp,
     }
 }
 
+// Pieces [k0, k1) staged as stage_piece stages each, as one range: the lane's chunks (c = k0 PC +
+// lane + 32 j: those of consecutive pieces are consecutive when a piece is whole lane rounds) copied
+// into act by cp.async (L2, no registers), a norm phase's weights beside them in act's second half
+// (norm phases stage HID floats; act holds 2 HID), all in one round trip; then, for a norm phase, act
+// = x * w in place with the sum of squares closed (butterfly, red[kp]) at each piece's last chunk:
+// the same sums in the same order as stage_piece. (bf16 x, layer 0's embedding row, and pieces of
+// part of a lane round go through stage_piece.)
+template <class P, bool NORM, typename XT>
+__device__ __forceinline__ void stage_range(const XT* x, const float* w, int k0, int k1, float* act, float* red, int lane) {
+    if constexpr (!std::is_same_v<XT, float> || P::PC % kWarp != 0) {
+        for (int kp = k0; kp < k1; ++kp) stage_piece<P, NORM>(x, w, kp, act, red, lane);
+    } else {
+        constexpr int LPC = P::PC / kWarp;  // a lane's chunks per piece
+        float* const ws = act + P::kK;
+        const int n = (k1 - k0) * LPC;
+        for (int j = 0; j < n; ++j) {
+            const int c = k0 * P::PC + lane + j * kWarp;
+            cp_async16(smem_addr(act + c * 8), x + size_t(c) * 8);
+            cp_async16(smem_addr(act + c * 8 + 4), x + size_t(c) * 8 + 4);
+            if constexpr (NORM) {
+                cp_async16(smem_addr(ws + c * 8), w + size_t(c) * 8);
+                cp_async16(smem_addr(ws + c * 8 + 4), w + size_t(c) * 8 + 4);
+            }
+        }
+        cp_async_commit();
+        cp_async_wait(0);
+        if constexpr (NORM) {
+            float ss = 0.0f;
+            for (int j = 0; j < n; ++j) {  // j: the same in every lane
+                const int c = k0 * P::PC + lane + j * kWarp;
+                const float4 a = *reinterpret_cast<const float4*>(act + c * 8), b = *reinterpret_cast<const float4*>(act + c * 8 + 4);
+                const float4 u = *reinterpret_cast<const float4*>(ws + c * 8), v = *reinterpret_cast<const float4*>(ws + c * 8 + 4);
+                const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w}, wv[8] = {u.x, u.y, u.z, u.w, v.x, v.y, v.z, v.w};
+                float out[8];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    out[e] = xv[e] * wv[e];
+                    ss += xv[e] * xv[e];
+                }
+                *reinterpret_cast<float4*>(act + c * 8) = make_float4(out[0], out[1], out[2], out[3]);
+                *reinterpret_cast<float4*>(act + c * 8 + 4) = make_float4(out[4], out[5], out[6], out[7]);
+                if ((j + 1) % LPC == 0) {  // the piece's last chunk
+                    const float t = warp_sum(ss);
+                    if (lane == 0) red[k0 + j / LPC] = t;
+                    ss = 0.0f;
+                }
+            }
+        }
+    }
+}
+
 // The stager's side of one phase: wait for the block's consumers to leave the previous phase,
-// then each piece: its counters (range(kp) = {first, n}: lane i < n polls counter first + i; ctr
-// nullptr: none), staged, published.
+// then, until every piece is out: poll the counters of all pieces not yet staged at once (range(kp)
+// = {first, n}: piece kp's segments are counters first .. first + n - 1; one lane each, up to a
+// warp's worth of them), stage the longest run of ready pieces as one range, publish it. (ctr
+// nullptr: nothing to wait for.) Several pieces often land together (o's rows all end its phase),
+// and then they cost one poll and one load round trip, not one of each per piece.
 template <class P, bool NORM, typename XT, class Range>
 __device__ __forceinline__ void stager_phase(const XT* x, const float* w, float* act, float* red, volatile unsigned* staged,
                                              unsigned& seq, const volatile unsigned* done, unsigned done_target, const unsigned* ctr,
@@ -1015,16 +1072,38 @@ __device__ __forceinline__ void stager_phase(const XT* x, const float* w, float*
     while (*done < done_target) g.check();
     __syncwarp();
     __threadfence_block();
-    for (int kp = 0; kp < P::KS; ++kp) {
+    for (int k0 = 0; k0 < P::KS;) {
+        int k1 = P::KS;
         if (ctr) {
-            const int2 r = range(kp);
-            wait_counts(lane < r.y ? ctr + size_t(r.x + lane) * kLine : nullptr, target);
+            SpinGuard gp;
+            for (;;) {
+                const unsigned* mine = nullptr;  // this lane's segment counter
+                for (int kp = k0, at = 0; kp < P::KS; ++kp) {
+                    const int2 r = range(kp);
+                    if (lane >= at && lane < at + r.y) mine = ctr + size_t(r.x + lane - at) * kLine;
+                    at += r.y;
+                }
+                const unsigned late = __ballot_sync(0xffffffffu, mine != nullptr && ld_acquire(mine) < target);
+                k1 = k0;
+                for (int kp = k0, at = 0; kp < P::KS; ++kp) {  // the ready run: pieces wholly polled, none late
+                    const int2 r = range(kp);
+                    if (at + r.y > kWarp) break;
+                    const unsigned lanes = (r.y == kWarp ? 0xffffffffu : ((1u << r.y) - 1u)) << at;
+                    if (late & lanes) break;
+                    at += r.y;
+                    k1 = kp + 1;
+                }
+                if (k1 > k0) break;
+                gp.check();
+            }
+            __syncwarp();  // the lanes' acquires ordered before every lane's reads of the pieces
         }
-        stage_piece<P, NORM>(x, w, kp, act, red, lane);
+        stage_range<P, NORM>(x, w, k0, k1, act, red, lane);
         __threadfence_block();
         __syncwarp();
-        ++seq;
+        seq += unsigned(k1 - k0);
         if (lane == 0) *staged = seq;
+        k0 = k1;
     }
 }
 
@@ -1034,6 +1113,7 @@ __global__ void __launch_bounds__(M::NW * kWarp, 1) decode1_flow_kernel(const __
     __shared__ float red[8];
     __shared__ unsigned s_staged, s_done;
     constexpr int NWC = M::NW - 1;  // consumer warps; warp NWC is the stager
+    static_assert(M::ACT_FLOATS >= 2 * M::kHid, "decode1 flow: a norm phase's weights are staged in act's second half");
     constexpr int D = M::kD;
     float* act = reinterpret_cast<float*>(smem);
     const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
