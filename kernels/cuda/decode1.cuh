@@ -441,6 +441,24 @@ __device__ __forceinline__ void issue(const typename M::Params& p, const Loader&
     }
 }
 
+// A warp's ring started: its slots' mbarriers set up and its first tiles in flight (they depend on
+// nothing earlier, so both kernels issue them before pdl_wait); `ld` then holds the next tile.
+template <class M>
+__device__ __forceinline__ void ring_start(const typename M::Params& p, Loader& ld, unsigned char* ring, uint32_t bars, SlotInfo* info,
+                                           int gw, int GW, int lane) {
+    if (lane == 0)
+        for (int s = 0; s < kSlotsPerWarp; ++s) mbar_init(bars + 8u * s);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    __syncwarp();
+    loader_enter<M>(ld, 0, gw, GW);
+    for (int s = 0; s < kSlotsPerWarp; ++s) {
+        loader_next<M>(ld, gw, GW);
+        issue<M>(p, ld, ring + size_t(s) * kSlotBytes, bars + 8u * s, info + s, lane);
+    }
+    loader_next<M>(ld, gw, GW);
+    __syncwarp();
+}
+
 // Copies K floats of global `src` (written by other blocks before the last grid barrier: L2, not
 // L1) into shared `dst`, every thread's 16-byte loads issued before any is stored.
 template <int K, int NT>
@@ -459,6 +477,27 @@ __device__ __forceinline__ void stage(const float* src, float* dst) {
     }
 }
 
+// The 8 values of chunk c of a phase's input: float rows written by other blocks (from L2, not
+// L1), or the bf16 embedding row.
+template <typename XT>
+__device__ __forceinline__ void load_chunk(const XT* x, int c, float (&v)[8]) {
+    if constexpr (std::is_same_v<XT, float>) {
+        const float4 a = __ldcg(reinterpret_cast<const float4*>(x) + 2 * c);
+        const float4 b = __ldcg(reinterpret_cast<const float4*>(x) + 2 * c + 1);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+        v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else {
+        Vec16<XT>::unpack(*reinterpret_cast<const uint4*>(x + size_t(c) * 8), v);
+    }
+}
+// The 8 RMSNorm weights of chunk c (read-only data).
+__device__ __forceinline__ void load_weights8(const float* w, int c, float (&v)[8]) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(w) + 2 * c);
+    const float4 b = __ldg(reinterpret_cast<const float4*>(w) + 2 * c + 1);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+
 // The input of a phase with a folded RMSNorm: act = x * w (as the GEMV's xf *= nw) and the raw x
 // at act + K, then the GEMV's 1 / rms: each of the phase's KS pieces' sums of squares over
 // lane-strided chunks, a butterfly, then the pieces in order. `x` is the residual stream, or (layer
@@ -474,18 +513,8 @@ __device__ __forceinline__ float norm_act(const XT* x, const float* w, float eps
     for (int j = 0; j < PER; ++j) {
         const int c = threadIdx.x + j * NT;
         if (c >= V) continue;
-        if constexpr (std::is_same_v<XT, float>) {
-            const float4 a = __ldcg(reinterpret_cast<const float4*>(x) + 2 * c);
-            const float4 b = __ldcg(reinterpret_cast<const float4*>(x) + 2 * c + 1);
-            xv[j][0] = a.x; xv[j][1] = a.y; xv[j][2] = a.z; xv[j][3] = a.w;
-            xv[j][4] = b.x; xv[j][5] = b.y; xv[j][6] = b.z; xv[j][7] = b.w;
-        } else {
-            Vec16<XT>::unpack(*reinterpret_cast<const uint4*>(x + size_t(c) * 8), xv[j]);
-        }
-        const float4 a = __ldg(reinterpret_cast<const float4*>(w) + 2 * c);
-        const float4 b = __ldg(reinterpret_cast<const float4*>(w) + 2 * c + 1);
-        wv[j][0] = a.x; wv[j][1] = a.y; wv[j][2] = a.z; wv[j][3] = a.w;
-        wv[j][4] = b.x; wv[j][5] = b.y; wv[j][6] = b.z; wv[j][7] = b.w;
+        load_chunk(x, c, xv[j]);
+        load_weights8(w, c, wv[j]);
     }
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
@@ -869,18 +898,8 @@ __global__ void __launch_bounds__(M::NW * kWarp, 1) decode1_kernel(const __grid_
     SlotInfo* info = &slot_info[warp][0];
     const int GW = int(gridDim.x) * M::NW, gw = int(blockIdx.x) * M::NW + warp;
     const uint32_t bars = smem_addr(&mbar[warp][0]);
-    if (lane == 0)
-        for (int s = 0; s < kSlotsPerWarp; ++s) mbar_init(bars + 8u * s);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    __syncwarp();
     Loader ld;
-    loader_enter<M>(ld, 0, gw, GW);
-    for (int s = 0; s < kSlotsPerWarp; ++s) {
-        loader_next<M>(ld, gw, GW);
-        issue<M>(p, ld, ring + size_t(s) * kSlotBytes, bars + 8u * s, info + s, lane);
-    }
-    loader_next<M>(ld, gw, GW);
-    __syncwarp();
+    ring_start<M>(p, ld, ring, bars, info, gw, GW, lane);
     pdl_wait();
     unsigned ci = 0;  // this warp's tiles consumed: slot ci % kSlotsPerWarp, its mbarrier's parity (ci / kSlotsPerWarp) & 1
     unsigned passed = 0;
@@ -974,20 +993,8 @@ __device__ __forceinline__ void stage_piece(const XT* x, const float* w, int kp,
             const int i = lane + (j0 + j) * kWarp;
             if (j0 + j >= PER || i >= P::PC) continue;
             const int c = kp * P::PC + i;
-            if constexpr (std::is_same_v<XT, float>) {
-                const float4 a = __ldcg(reinterpret_cast<const float4*>(x) + 2 * c);
-                const float4 b = __ldcg(reinterpret_cast<const float4*>(x) + 2 * c + 1);
-                xv[j][0] = a.x; xv[j][1] = a.y; xv[j][2] = a.z; xv[j][3] = a.w;
-                xv[j][4] = b.x; xv[j][5] = b.y; xv[j][6] = b.z; xv[j][7] = b.w;
-            } else {
-                Vec16<XT>::unpack(*reinterpret_cast<const uint4*>(x + size_t(c) * 8), xv[j]);
-            }
-            if constexpr (NORM) {
-                const float4 a = __ldg(reinterpret_cast<const float4*>(w) + 2 * c);
-                const float4 b = __ldg(reinterpret_cast<const float4*>(w) + 2 * c + 1);
-                wv[j][0] = a.x; wv[j][1] = a.y; wv[j][2] = a.z; wv[j][3] = a.w;
-                wv[j][4] = b.x; wv[j][5] = b.y; wv[j][6] = b.z; wv[j][7] = b.w;
-            }
+            load_chunk(x, c, xv[j]);
+            if constexpr (NORM) load_weights8(w, c, wv[j]);
         }
 #pragma unroll
         for (int j = 0; j < B; ++j) {
@@ -1130,19 +1137,7 @@ __global__ void __launch_bounds__(M::NW * kWarp, 1) decode1_flow_kernel(const __
     const int GW = int(gridDim.x) * NWC, gw = int(blockIdx.x) * NWC + warp;
     const uint32_t bars = smem_addr(&mbar[warp][0]);
     Loader ld;
-    if (!stager) {
-        if (lane == 0)
-            for (int s = 0; s < kSlotsPerWarp; ++s) mbar_init(bars + 8u * s);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        __syncwarp();
-        loader_enter<M>(ld, 0, gw, GW);
-        for (int s = 0; s < kSlotsPerWarp; ++s) {
-            loader_next<M>(ld, gw, GW);
-            issue<M>(p, ld, ring + size_t(s) * kSlotBytes, bars + 8u * s, info + s, lane);
-        }
-        loader_next<M>(ld, gw, GW);
-        __syncwarp();
-    }
+    if (!stager) ring_start<M>(p, ld, ring, bars, info, gw, GW, lane);
     __syncthreads();  // s_staged / s_done initialized
     pdl_wait();
     unsigned ci = 0, seq = 0;
