@@ -77,7 +77,7 @@ struct Decode1Params {
     float* h = nullptr;       // [FFN]
     float* part = nullptr;    // [HQ][16][D + 2]: the attention warps' partial softmaxes
     float* logits = nullptr;  // [VOCAB]
-    unsigned* sync = nullptr;  // [64 + HQ] (d1::SyncWord), zero between launches
+    unsigned* sync = nullptr;  // kDecode1SyncBytes (d1::SyncWord), zero between launches
     bool sync_count = true;    // the grid barriers' form (d1::grid_sync; SCR_CUDA_DECODE1_SYNC)
     int l2_ahead = 0;          // flow form: tiles past its ring each warp asks into L2 before the attention (SCR_CUDA_DECODE1_L2AHEAD)
     unsigned long long* trace = nullptr;  // SCR_CUDA_DECODE1_TRACE=1: per block, the time of each event (d1::Trace)
@@ -967,9 +967,10 @@ __global__ void __launch_bounds__(M::NW * kWarp, 1) decode1_kernel(const __grid_
 // the slowest SMs still write the last rows of the piece the phase ends with, and no block waits
 // for every other block. The block's last warp is its stager: for each phase in order it waits
 // until the block's consumer warps are done with the previous phase's input (one act buffer), then
-// for each piece polls that piece's counters, stages it into shared memory (x * w and the piece's
-// sum of squares for a norm phase, as norm_act computes them) and publishes it on a shared-memory
-// word the consumer warps poll. The other warps stream and multiply their tiles as before
+// polls the counters of the pieces not yet staged, stages the ready ones into shared memory (x * w
+// and each piece's sum of squares for a norm phase, as norm_act computes them) and publishes them
+// on a shared-memory word the consumer warps poll (stager_phase). The other warps stream and
+// multiply their tiles as before
 // (consume<..., FLOW>). The attention stays block-wide, its items waiting on their head's
 // counters. Same bits as decode1_kernel (and so as the launches): the same sums in the same order.
 //
