@@ -6,7 +6,8 @@
 # llama-3.1-8b (bf16) and scr_cuda_tests of the same build (the tiny fixtures, f32 and bf16).
 # A variant is NAME=VALUE[+NAME=VALUE...] added to SCR_CUDA_DECODE1=1 (`plain`: nothing added).
 # Per variant: CudaDecode1.* (the kernel's bits against the launches). Per model: a random
-# checkpoint in /dev/shm; 64 greedy ids of every variant against the launches'; per variant one
+# checkpoint in /dev/shm; the logits of a one-token prompt (one batch-1 step) and 64 greedy ids of
+# every variant against the launches'; per variant one
 # traced run (SCR_CUDA_DECODE1_TRACE=1: the phase table of its last launch); then ROUNDS rounds of
 # `scr cuda-bench --prompt 128 --decode 64 --prefill 0 --batches 1` over the variants and the
 # launches (`default`), interleaved. $OUT gets summary.txt and the step logs as logs.tar.xz.
@@ -28,8 +29,14 @@ IDS=$(seq -s, 11 130)
 for m in ${MODELS:-1b}; do
     make_model $m
     step "greedy_${m}_launches" 120 $C/scr complete $M --ids $IDS --max-tokens 64 --json
+    step "logits_${m}_launches" 120 $C/scr logits $M --ids 17
     for v in $VARIANTS; do
         k=$(key "$v")
+        # A one-token prompt is one batch-1 step: the kernel's logits on the model's own shapes (the
+        # tiny fixture of CudaDecode1 reaches only one-piece phases), bit for bit against the launches'.
+        step "logits_${m}_$k" 120 env $(envs "$v") $C/scr logits $M --ids 17
+        cmp -s "$LOGS/logits_${m}_launches.txt" "$LOGS/logits_${m}_$k.txt" && echo "== $m $v logits of a 1-token step: same bits" ||
+            echo "== $m $v logits of a 1-token step: DIFFERENT"
         step "greedy_${m}_$k" 120 env $(envs "$v") $C/scr complete $M --ids $IDS --max-tokens 64 --json
         cmp -s "$LOGS/greedy_${m}_launches.txt" "$LOGS/greedy_${m}_$k.txt" && echo "== $m $v greedy 64: same ids" ||
             echo "== $m $v greedy 64: DIFFERENT"
