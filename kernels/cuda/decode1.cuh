@@ -178,9 +178,9 @@ struct Trace {
 // The dataflow form's counters start at kFlow, counter i at kFlow + kLine i (M::kCounters of them).
 enum SyncWord : int { kArrive = 0, kExit = 1, kRelease = 32, kHeads = 64, kFlow = 1024, kLine = 32 };
 
-// The dataflow form's spin waits give up after 10 s (a step takes milliseconds, ~100x that under
-// compute-sanitizer): a wait that never ends is a bug, and __trap() turns it into a launch error
-// the caller reports instead of a hung process.
+// The dataflow form's spin waits give up after 60 s (a step takes milliseconds; racecheck, which
+// serializes the grid, may stretch a wait by 1,000x or more): a wait that never ends is a bug, and
+// __trap() turns it into a launch error the caller reports instead of a hung process.
 struct SpinGuard {
     unsigned long long t0 = 0;
     unsigned n = 0;
@@ -192,7 +192,7 @@ struct SpinGuard {
     __device__ __forceinline__ void check() {
         if ((++n & 1023u) != 0) return;
         if (t0 == 0) t0 = now();
-        else if (now() - t0 > 10000000000ull) __trap();
+        else if (now() - t0 > 60000000000ull) __trap();
     }
 };
 
