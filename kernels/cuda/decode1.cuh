@@ -303,17 +303,25 @@ struct Decode1 {
 
 namespace d1 {
 
+// f(phase) with the Phase type of kind `kind` (0-3: QKV, o, gate / up, down; 4: the lm_head).
+template <class M, class F>
+__device__ __forceinline__ void with_phase(int kind, F&& f) {
+    switch (kind) {
+        case 0: f(typename M::PQkv{}); break;
+        case 1: f(typename M::PO{}); break;
+        case 2: f(typename M::PGu{}); break;
+        case 3: f(typename M::PDn{}); break;
+        default: f(typename M::PHead{}); break;
+    }
+}
+
 // Units of phase q (layer q / 4, op q % 4; q = 4L the lm_head) and tiles per unit.
 template <class M>
 __device__ __forceinline__ void phase_shape(int q, int& nu, int& tpu) {
-    const int kind = q < M::kLastPhase ? q % M::kPhasesPerLayer : 4;
-    switch (kind) {
-        case 0: nu = M::PQkv::NU; tpu = M::PQkv::TPU; break;
-        case 1: nu = M::PO::NU; tpu = M::PO::TPU; break;
-        case 2: nu = M::PGu::NU; tpu = M::PGu::TPU; break;
-        case 3: nu = M::PDn::NU; tpu = M::PDn::TPU; break;
-        default: nu = M::PHead::NU; tpu = M::PHead::TPU; break;
-    }
+    with_phase<M>(q < M::kLastPhase ? q % M::kPhasesPerLayer : 4, [&](auto ph) {
+        nu = decltype(ph)::NU;
+        tpu = decltype(ph)::TPU;
+    });
 }
 
 // Units of the step before phase q (q = 4L: every layer's).
@@ -402,7 +410,7 @@ template <class M>
 __device__ __forceinline__ void prefetch_ahead(const typename M::Params& p, Loader L, int n, int gw, int GW) {
     for (int i = 0; i < n && L.q <= M::kLastPhase; ++i, loader_next<M>(L, gw, GW)) {
         const int kind = L.q < M::kLastPhase ? L.q % M::kPhasesPerLayer : 4, ly = L.q / M::kPhasesPerLayer;
-        auto one = [&](auto phase) {
+        with_phase<M>(kind, [&](auto phase) {
             using P = decltype(phase);
             constexpr uint32_t kBytes = P::TILE_CH * 16;
             for (int s = 0; s < P::kNsrc; ++s)
@@ -410,14 +418,7 @@ __device__ __forceinline__ void prefetch_ahead(const typename M::Params& p, Load
                                                                               size_t(L.t) * P::TILE_CH * 8),
                              "r"(kBytes)
                              : "memory");
-        };
-        switch (kind) {
-            case 0: one(typename M::PQkv{}); break;
-            case 1: one(typename M::PO{}); break;
-            case 2: one(typename M::PGu{}); break;
-            case 3: one(typename M::PDn{}); break;
-            default: one(typename M::PHead{}); break;
-        }
+        });
     }
 }
 
@@ -432,13 +433,7 @@ __device__ __forceinline__ void issue(const typename M::Params& p, const Loader&
     const int kind = L.q < M::kLastPhase ? L.q % M::kPhasesPerLayer : 4;
     const int ly = L.q / M::kPhasesPerLayer;
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the slot's earlier reads before the async writes
-    switch (kind) {
-        case 0: issue_tile<M, typename M::PQkv>(p, 0, ly, L.unit, L.t, slot, bar); break;
-        case 1: issue_tile<M, typename M::PO>(p, 1, ly, L.unit, L.t, slot, bar); break;
-        case 2: issue_tile<M, typename M::PGu>(p, 2, ly, L.unit, L.t, slot, bar); break;
-        case 3: issue_tile<M, typename M::PDn>(p, 3, ly, L.unit, L.t, slot, bar); break;
-        default: issue_tile<M, typename M::PHead>(p, 4, ly, L.unit, L.t, slot, bar); break;
-    }
+    with_phase<M>(kind, [&](auto ph) { issue_tile<M, decltype(ph)>(p, kind, ly, L.unit, L.t, slot, bar); });
 }
 
 // A warp's ring started: its slots' mbarriers set up and its first tiles in flight (they depend on
@@ -981,7 +976,8 @@ __global__ void __launch_bounds__(M::NW * kWarp, 1) decode1_kernel(const __grid_
 
 // Stages piece kp of a phase's input (rows [kp PC 8, (kp + 1) PC 8) of x) into act, as x * w with
 // the piece's sum of squares in red[kp] (NORM: norm_act's lane-strided chunks in order and its
-// butterfly), or as x. One warp; at most B chunks per lane loaded before they are stored.
+// butterfly), or as x. One warp; at most B chunks per lane loaded before they are stored. Used for
+// layer 0's bf16 embedding row (stage_range takes every float input).
 template <class P, bool NORM, typename XT>
 __device__ __forceinline__ void stage_piece(const XT* x, const float* w, int kp, float* act, float* red, int lane) {
     constexpr int PER = (P::PC + kWarp - 1) / kWarp, B = NORM ? 4 : 8;
@@ -1015,23 +1011,19 @@ __device__ __forceinline__ void stage_piece(const XT* x, const float* w, int kp,
     }
 }
 
-// Pieces [k0, k1) staged as stage_piece stages each, as one range: the lane's chunks (c = k0 PC +
-// lane + 32 j: those of consecutive pieces are consecutive when a piece is whole lane rounds) copied
-// into act by cp.async (L2, no registers), a norm phase's weights beside them in act's second half
-// (norm phases stage HID floats; act holds 2 HID), all in one round trip; then, for a norm phase, act
-// = x * w in place with the sum of squares closed (butterfly, red[kp]) at each piece's last chunk:
-// the same sums in the same order as stage_piece. (bf16 x, layer 0's embedding row, and pieces of
-// part of a lane round go through stage_piece.)
+// Pieces [k0, k1) staged as stage_piece stages each, as one range: every lane's chunks of them (the
+// lane-strided chunks of each piece, as norm_act takes them) copied into act by cp.async (L2, no
+// registers), a norm phase's weights beside them in act's second half (norm phases stage HID
+// floats; act holds 2 HID), all in one round trip; then, for a norm phase, act = x * w in place and
+// each piece's sum of squares over the same chunks in the same order, its butterfly into red[kp].
+// (Layer 0's bf16 embedding row, which cp.async cannot convert, goes through stage_piece.)
 template <class P, bool NORM, typename XT>
 __device__ __forceinline__ void stage_range(const XT* x, const float* w, int k0, int k1, float* act, float* red, int lane) {
-    if constexpr (!std::is_same_v<XT, float> || P::PC % kWarp != 0) {
+    if constexpr (!std::is_same_v<XT, float>) {
         for (int kp = k0; kp < k1; ++kp) stage_piece<P, NORM>(x, w, kp, act, red, lane);
     } else {
-        constexpr int LPC = P::PC / kWarp;  // a lane's chunks per piece
         float* const ws = act + P::kK;
-        const int n = (k1 - k0) * LPC;
-        for (int j = 0; j < n; ++j) {
-            const int c = k0 * P::PC + lane + j * kWarp;
+        for (int c = k0 * P::PC + lane; c < k1 * P::PC; c += kWarp) {
             cp_async16(smem_addr(act + c * 8), x + size_t(c) * 8);
             cp_async16(smem_addr(act + c * 8 + 4), x + size_t(c) * 8 + 4);
             if constexpr (NORM) {
@@ -1041,26 +1033,25 @@ __device__ __forceinline__ void stage_range(const XT* x, const float* w, int k0,
         }
         cp_async_commit();
         cp_async_wait(0);
+        __syncwarp();  // every lane's copies landed: the pass below reads chunks other lanes copied
         if constexpr (NORM) {
-            float ss = 0.0f;
-            for (int j = 0; j < n; ++j) {  // j: the same in every lane
-                const int c = k0 * P::PC + lane + j * kWarp;
-                const float4 a = *reinterpret_cast<const float4*>(act + c * 8), b = *reinterpret_cast<const float4*>(act + c * 8 + 4);
-                const float4 u = *reinterpret_cast<const float4*>(ws + c * 8), v = *reinterpret_cast<const float4*>(ws + c * 8 + 4);
-                const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w}, wv[8] = {u.x, u.y, u.z, u.w, v.x, v.y, v.z, v.w};
-                float out[8];
+            for (int kp = k0; kp < k1; ++kp) {
+                float ss = 0.0f;
+                for (int c = kp * P::PC + lane; c < (kp + 1) * P::PC; c += kWarp) {
+                    const float4 a = *reinterpret_cast<const float4*>(act + c * 8), b = *reinterpret_cast<const float4*>(act + c * 8 + 4);
+                    const float4 u = *reinterpret_cast<const float4*>(ws + c * 8), v = *reinterpret_cast<const float4*>(ws + c * 8 + 4);
+                    const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w}, wv[8] = {u.x, u.y, u.z, u.w, v.x, v.y, v.z, v.w};
+                    float out[8];
 #pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    out[e] = xv[e] * wv[e];
-                    ss += xv[e] * xv[e];
+                    for (int e = 0; e < 8; ++e) {
+                        out[e] = xv[e] * wv[e];
+                        ss += xv[e] * xv[e];
+                    }
+                    *reinterpret_cast<float4*>(act + c * 8) = make_float4(out[0], out[1], out[2], out[3]);
+                    *reinterpret_cast<float4*>(act + c * 8 + 4) = make_float4(out[4], out[5], out[6], out[7]);
                 }
-                *reinterpret_cast<float4*>(act + c * 8) = make_float4(out[0], out[1], out[2], out[3]);
-                *reinterpret_cast<float4*>(act + c * 8 + 4) = make_float4(out[4], out[5], out[6], out[7]);
-                if ((j + 1) % LPC == 0) {  // the piece's last chunk
-                    const float t = warp_sum(ss);
-                    if (lane == 0) red[k0 + j / LPC] = t;
-                    ss = 0.0f;
-                }
+                const float t = warp_sum(ss);
+                if (lane == 0) red[kp] = t;
             }
         }
     }
