@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <stdexcept>
 
 namespace scr::engine {
 
@@ -237,6 +238,41 @@ int32_t Sampler::draw(const float* logits, double u01) {
         if (cum > u) return i;
     }
     return last_finite;  // rounding at the very end of the CDF (or no finite logit: 0)
+}
+
+Sampler::DraftVerdict Sampler::verify_draft(float* logits, const SamplingParams& p, int num_output_tokens, int32_t draft,
+                                             Rng& rng) {
+    if (!device_supports(p, num_output_tokens))
+        throw std::logic_error("Sampler::verify_draft: the row needs penalties, logit bias, min_tokens or logprobs");
+    if (draft < 0 || draft >= vocab_) throw std::out_of_range("Sampler::verify_draft: draft token outside the vocabulary");
+    if (p.temperature < kSamplingEps) {  // vLLM: rejection_sampler.py (rejection_greedy_sample_kernel)
+        const int32_t t = argmax(logits);
+        return {t == draft, t};
+    }
+    const int V = vocab_;
+    const float inv_t = 1.0f / p.temperature;  // as sample(): temperature, then the filters
+    for (int i = 0; i < V; ++i) logits[i] *= inv_t;
+    apply_min_p_top_k_top_p(logits, p);
+    // p(draft): its mass over the kept tokens' (the same float64 masses as draw()).
+    double p_draft = 0;
+    if (logits[draft] > kNegInf) {
+        const float m = max_of(logits, V);
+        exp_shifted(logits, V, m, weights_.data());
+        double z = 0;
+        for (int i = 0; i < V; ++i) z += weights_[size_t(i)];
+        p_draft = weights_[size_t(draft)] / z;
+    }
+    // vLLM: rejection_sampler.py (rejection_random_sample_kernel): accepted iff draft_prob > 0 and
+    // target_prob / draft_prob >= u, draft_prob being 1 with no draft probabilities.
+    const double u = rng.uniform();
+    if (p_draft > 0 && p_draft >= u) return {true, draft};
+    // The recovered token: p with the draft removed. If nothing else is kept, the draft was
+    // certain (p_draft rounded below u): it stands.
+    logits[draft] = kNegInf;
+    bool any = false;
+    for (int i = 0; i < V && !any; ++i) any = logits[i] > kNegInf;
+    if (!any) return {true, draft};
+    return {false, draw(logits, rng.uniform())};
 }
 
 bool Sampler::device_supports(const SamplingParams& p, int num_output_tokens) {

@@ -43,6 +43,23 @@ public:
 
     static constexpr float kSamplingEps = 1e-5f;  // vLLM: vllm/v1/sample/sampler.py:L17
 
+    // Speculative decoding's check of one draft token against this row (docs/ENGINE.md,
+    // "Speculative decoding: the plan"), for a draft with no probabilities of its own (the n-gram
+    // proposer's). Greedy: accepted iff the draft is the argmax; the token is the argmax either
+    // way. Random: with p the row's distribution after temperature, min_p, top_k and top_p (as
+    // sample() makes it), accepted with probability p(draft); on a rejection the token is drawn from
+    // p without the draft, renormalized. Either way the token is distributed as p. One uniform, and
+    // a second on a rejection. `logits` is modified in place. Only for rows that need nothing else
+    // (device_supports: no penalties, logit bias, pending min_tokens or logprobs); throws otherwise.
+    // vLLM: vllm/v1/sample/rejection_sampler.py@7f6fc1c5ce8d02f473b1b923debbfef3fa0b7a6a
+    // (rejection_greedy_sample_kernel; rejection_random_sample_kernel with NO_DRAFT_PROBS, and the
+    // recovered token drawn from max(p - q, 0) with q one-hot at the draft).
+    struct DraftVerdict {
+        bool accepted = false;
+        int32_t token = 0;
+    };
+    DraftVerdict verify_draft(float* logits, const SamplingParams& p, int num_output_tokens, int32_t draft, Rng& rng);
+
     // Whether this step of a sequence needs nothing but what a device sampler implements
     // (DeviceSamplingRow, runtime/model/compiled_model.hpp: temperature, min_p, top_k, top_p, one draw).
     // Anything else this sampler does (penalties, logit bias, an active min_tokens, logprobs) needs the

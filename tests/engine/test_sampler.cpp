@@ -369,3 +369,94 @@ TEST(Sampler, LogprobsAreRawLogSoftmax) {
         EXPECT_NEAR(lp.top[size_t(j)].second, ref(order[size_t(j)]), 1e-5);
     }
 }
+
+// Speculative decoding's check of a draft token (Sampler::verify_draft): whatever the draft, the
+// token that comes out is distributed as the row's processed distribution p (the float64 reference
+// above), and the draft is accepted with probability p(draft).
+namespace {
+void check_verify_draft(const std::vector<float>& logits, const SamplingParams& p, int32_t draft, int n, uint64_t seed) {
+    const int V = int(logits.size());
+    Sampler sampler(V);
+    Rng rng(seed);
+    std::vector<int> hist(size_t(V), 0);
+    int accepted = 0;
+    std::vector<float> row;
+    for (int i = 0; i < n; ++i) {
+        row = logits;
+        const Sampler::DraftVerdict v = sampler.verify_draft(row.data(), p, 0, draft, rng);
+        ASSERT_GE(v.token, 0);
+        ASSERT_LT(v.token, V);
+        if (v.accepted) {
+            ASSERT_EQ(v.token, draft);
+            ++accepted;
+        } else {
+            ASSERT_NE(v.token, draft) << "a rejected draft came back as the token";
+        }
+        hist[size_t(v.token)]++;
+    }
+    const std::vector<double> ref = reference_distribution(logits, p);
+    for (int v = 0; v < V; ++v) {
+        const double f = double(hist[size_t(v)]) / n, q = ref[size_t(v)];
+        if (q == 0) {
+            EXPECT_EQ(hist[size_t(v)], 0) << "token " << v << " is outside the reference support";
+            continue;
+        }
+        const double sigma = std::sqrt(q * (1 - q) / n);
+        EXPECT_LE(std::abs(f - q), 5 * sigma + 1e-12) << "token " << v << " freq " << f << " ref " << q << " draft " << draft;
+    }
+    const double qd = ref[size_t(draft)];  // P(accepted) = p(draft)
+    EXPECT_LE(std::abs(double(accepted) / n - qd), 5 * std::sqrt(qd * (1 - qd) / n) + 1e-12) << "draft " << draft;
+}
+}  // namespace
+
+TEST(Sampler, VerifyDraftKeepsTheDistribution) {
+    const auto logits = random_logits(40, 21, 1.5f);
+    const int32_t likely = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const int32_t unlikely = int32_t(std::min_element(logits.begin(), logits.end()) - logits.begin());
+    const int32_t middle = likely == 7 || unlikely == 7 ? 8 : 7;
+    SamplingParams temp;
+    temp.temperature = 0.8f;
+    SamplingParams filtered;  // the draft may lie outside what the filters keep
+    filtered.temperature = 1.2f;
+    filtered.top_k = 12;
+    filtered.top_p = 0.9f;
+    filtered.min_p = 0.02f;
+    uint64_t seed = 100;
+    for (const SamplingParams* p : {&temp, &filtered})
+        for (int32_t draft : {likely, middle, unlikely}) check_verify_draft(logits, *p, draft, 30000, ++seed);
+}
+
+TEST(Sampler, VerifyDraftGreedyIsArgmax) {
+    const auto logits = random_logits(300, 22);
+    const int32_t best = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    SamplingParams p;
+    p.temperature = 0;
+    Sampler s(300);
+    Rng a(9), b(9);
+    for (int32_t draft : {best, (best + 1) % 300}) {
+        auto row = logits;
+        const Sampler::DraftVerdict v = s.verify_draft(row.data(), p, 0, draft, a);
+        EXPECT_EQ(v.token, best);
+        EXPECT_EQ(v.accepted, draft == best);
+    }
+    EXPECT_EQ(a.next(), b.next());  // greedy consumed nothing from the generator
+}
+
+TEST(Sampler, VerifyDraftRefusesRowsItCannotCheck) {
+    auto logits = random_logits(50, 23);
+    Sampler s(50);
+    Rng rng(1);
+    SamplingParams p;
+    p.temperature = 1.0f;
+    EXPECT_THROW(s.verify_draft(logits.data(), p, 0, 50, rng), std::out_of_range);
+    EXPECT_THROW(s.verify_draft(logits.data(), p, 0, -1, rng), std::out_of_range);
+    SamplingParams pen = p;
+    pen.repetition_penalty = 1.1f;
+    EXPECT_THROW(s.verify_draft(logits.data(), pen, 0, 3, rng), std::logic_error);
+    SamplingParams lp = p;
+    lp.logprobs = 2;
+    EXPECT_THROW(s.verify_draft(logits.data(), lp, 0, 3, rng), std::logic_error);
+    SamplingParams mt = p;
+    mt.min_tokens = 4;
+    EXPECT_THROW(s.verify_draft(logits.data(), mt, 3, 3, rng), std::logic_error);  // 3 of 4 outputs so far
+}
