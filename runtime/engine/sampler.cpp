@@ -222,13 +222,25 @@ void Sampler::apply_min_p_top_k_top_p(float* logits, const SamplingParams& p) {
     for (int j = keep; j < n; ++j) logits[order_[size_t(j)]] = kNegInf;
 }
 
-int32_t Sampler::draw(const float* logits, double u01) {
+double Sampler::masses(const float* logits, float& m) {
     const int V = vocab_;
-    const float m = max_of(logits, V);
+    m = max_of(logits, V);
     exp_shifted(logits, V, m, weights_.data());
     double z = 0;
     for (int i = 0; i < V; ++i) z += weights_[size_t(i)];
-    const double u = u01 * z;
+    return z;
+}
+
+void Sampler::temper_and_filter(float* logits, const SamplingParams& p) {
+    const float inv_t = 1.0f / p.temperature;
+    for (int i = 0; i < vocab_; ++i) logits[i] *= inv_t;
+    apply_min_p_top_k_top_p(logits, p);
+}
+
+int32_t Sampler::draw(const float* logits, double u01) {
+    const int V = vocab_;
+    float m;
+    const double u = u01 * masses(logits, m);
     double cum = 0;
     int32_t last_finite = 0;
     for (int i = 0; i < V; ++i) {
@@ -250,16 +262,12 @@ Sampler::DraftVerdict Sampler::verify_draft(float* logits, const SamplingParams&
         return {t == draft, t};
     }
     const int V = vocab_;
-    const float inv_t = 1.0f / p.temperature;  // as sample(): temperature, then the filters
-    for (int i = 0; i < V; ++i) logits[i] *= inv_t;
-    apply_min_p_top_k_top_p(logits, p);
+    temper_and_filter(logits, p);  // as sample()
     // p(draft): its mass over the kept tokens' (the same float64 masses as draw()).
     double p_draft = 0;
     if (logits[draft] > kNegInf) {
-        const float m = max_of(logits, V);
-        exp_shifted(logits, V, m, weights_.data());
-        double z = 0;
-        for (int i = 0; i < V; ++i) z += weights_[size_t(i)];
+        float m;
+        const double z = masses(logits, m);  // fills weights_ first
         p_draft = weights_[size_t(draft)] / z;
     }
     // vLLM: rejection_sampler.py (rejection_random_sample_kernel): accepted iff draft_prob > 0 and
@@ -303,18 +311,14 @@ int32_t Sampler::sample(float* logits, const SamplingParams& p, std::span<const 
         // L229 (top-k/top-p), then a draw from the remaining distribution. vLLM draws with an
         // exponential race (topk_topp_sampler.py:L311, random_sample); we invert the CDF with one
         // uniform per token: the same distribution, far fewer random numbers.
-        const float inv_t = 1.0f / p.temperature;
-        for (int i = 0; i < V; ++i) logits[i] *= inv_t;
-        apply_min_p_top_k_top_p(logits, p);
+        temper_and_filter(logits, p);
         token = draw(logits, rng.uniform());
     }
 
     if (want_logprobs) {
         // vLLM: sampler.py:L252 (gather_logprobs): the sampled token's logprob and the top-k.
-        const float m = max_of(raw_.data(), V);
-        exp_shifted(raw_.data(), V, m, weights_.data());
-        double z = 0;
-        for (int i = 0; i < V; ++i) z += weights_[size_t(i)];
+        float m;
+        const double z = masses(raw_.data(), m);
         const double lse = double(m) + std::log(z);
         logprobs->token_id = token;
         logprobs->logprob = float(double(raw_[size_t(token)]) - lse);

@@ -67,6 +67,11 @@ public:
     static bool device_supports(const SamplingParams& p, int num_output_tokens);
 
 private:
+    // weights_[i] = exp(x[i] - m) with m the row's maximum (exp_shifted); returns their sum.
+    double masses(const float* logits, float& m);
+    // Temperature, then min_p, top_k and top_p (sample()'s non-greedy processing, in place).
+    void temper_and_filter(float* logits, const SamplingParams& p);
+
     int vocab_;
     std::vector<float> raw_;           // raw logits kept for logprobs
     std::vector<int32_t> order_;       // candidate ids (top-k / top-p selection)
